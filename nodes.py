@@ -1,0 +1,138 @@
+"""The nodes of a chat turn. Each reads the shared store in `prep`, works in `exec`, writes in `post`.
+
+Nodes never touch a socket: what the browser should see goes to `shared["channel"]`, the turn's
+log, which every attached socket follows.
+"""
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pocketflow import AsyncNode
+
+from utils import protocol
+from utils.conversations import Conversation, Turn
+from utils.llm_stream import ChatProvider, StreamResult, stream_llm
+from utils.messages import Status
+from utils.prompt import build_prompt, estimate_tokens
+from utils.protocol import ProviderError
+from utils.turn_log import TurnLog
+
+
+@dataclass
+class ChatRequest:
+    provider: ChatProvider
+    messages: list[dict[str, str]]
+    model: str
+    max_tokens: int | None
+    channel: TurnLog
+    turn: Turn
+
+
+@dataclass
+class ChatOutcome:
+    status: Status  # complete, stopped or error
+    result: StreamResult | None = None
+    error: ProviderError | None = None
+
+
+class StreamChat(AsyncNode):
+    """Stream the model's reply to the user's message into the channel, then record it in the history."""
+
+    async def prep_async(self, shared: dict[str, Any]) -> ChatRequest:
+        conversation: Conversation = shared["conversation"]
+        provider: ChatProvider = shared["llm"]
+        return ChatRequest(
+            provider=provider,
+            messages=build_prompt(conversation.record.system_prompt, conversation.history, shared["context_budget"]),
+            model=conversation.record.model,
+            max_tokens=shared["max_tokens"],
+            channel=shared["channel"],
+            turn=shared["turn"],
+        )
+
+    async def exec_async(self, request: ChatRequest) -> ChatOutcome:
+        try:
+            # A conversation made while the provider was unreachable has no model yet.
+            request.model = request.model or await request.provider.default_model()
+            result = await stream_llm(
+                request.provider,
+                request.messages,
+                request.model,
+                request.max_tokens,
+                request.channel.append_chunk,
+                request.turn.stop,
+                lambda position: request.channel.append(protocol.queued(request.turn.id, position)),
+            )
+        except ProviderError as error:
+            # Raising lets PocketFlow retry after `wait`, which is safe only while nothing was sent.
+            if error.retryable and request.channel.snapshot()["seq"] == 0:
+                raise
+            return ChatOutcome("error", error=error)
+        return ChatOutcome("stopped" if result.stopped else "complete", result=result)
+
+    async def exec_fallback_async(self, request: ChatRequest, exc: Exception) -> ChatOutcome:
+        if isinstance(exc, ProviderError):
+            return ChatOutcome("error", error=exc)
+        raise exc
+
+    async def post_async(self, shared: dict[str, Any], request: ChatRequest, outcome: ChatOutcome) -> str:
+        conversation: Conversation = shared["conversation"]
+        turn: Turn = shared["turn"]
+        snapshot = request.channel.snapshot()
+        reply = turn.reply
+        reply.content, reply.reasoning, reply.status = snapshot["content"], snapshot["reasoning"], outcome.status
+        reply.meta = _reply_stats(request, outcome, reply.content + reply.reasoning, turn.started_at)
+        if outcome.error is not None:
+            reply.error = outcome.error.message
+            outcome.error.turn_id = turn.id
+            request.channel.append(protocol.error(outcome.error))
+        conversation.history.append(reply)
+        await shared["store"].save_messages(conversation.id, [reply])
+        return "default"
+
+
+def _reply_stats(request: ChatRequest, outcome: ChatOutcome, text: str, started_at: float) -> dict[str, Any]:
+    """Model, usage (the provider's, else counted or estimated, and which), ttft and tokens/s of a reply."""
+    result = outcome.result
+    if result is not None and result.usage is not None:
+        usage: dict[str, Any] = {**result.usage, "source": request.provider.usage_source}
+    else:
+        prompt = sum(estimate_tokens(m["content"]) for m in request.messages)
+        completion = estimate_tokens(text)
+        usage = {
+            "prompt_tokens": prompt,
+            "completion_tokens": completion,
+            "total_tokens": prompt + completion,
+            "source": "estimated",
+        }
+    stats: dict[str, Any] = {"model": request.model, "usage": usage, "ttft_ms": None, "tokens_per_second": None}
+    if result is not None and result.first_chunk_at is not None:
+        now = time.monotonic()
+        stats["ttft_ms"] = round((result.first_chunk_at - started_at) * 1000)
+        if now > result.first_chunk_at:
+            stats["tokens_per_second"] = round(usage["completion_tokens"] / (now - result.first_chunk_at), 1)
+    return stats
+
+
+class TitleConversation(AsyncNode):
+    """Name a conversation after its first user message, once."""
+
+    async def prep_async(self, shared: dict[str, Any]) -> str | None:
+        conversation: Conversation = shared["conversation"]
+        return None if conversation.record.title else shared["turn"].user_message.content
+
+    async def exec_async(self, first_message: str | None) -> str | None:
+        if first_message is None:
+            return None
+        line = " ".join(first_message.split())
+        return line if len(line) <= 60 else line[:59].rstrip() + "…"
+
+    async def post_async(self, shared: dict[str, Any], first_message: str | None, title: str | None) -> None:
+        if title is None:
+            return
+        conversation: Conversation = shared["conversation"]
+        conversation.record.title = title
+        await shared["store"].update_conversation(conversation.record)
+        record = conversation.record
+        shared["channel"].append(protocol.conversation(record.id, record.title, record.model, record.system_prompt))

@@ -1,0 +1,175 @@
+"""Real parts for every test: the fake provider over HTTP, the app under uvicorn, WebSocket clients."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from websockets.sync.client import ClientConnection, connect
+
+from tests.fake_openai import FakeOpenAI, FakeOpenAIThread
+
+ROOT = Path(__file__).resolve().parent.parent
+API_KEY = "sk-test-SECRET-abcdef0123456789"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class AppProcess:
+    """`python main.py` in a subprocess on a free loopback port."""
+
+    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.db_path = tmp / "chat.db"
+        self.log_path = tmp / f"server-{self.port}.log"
+        self.args = ["--port", str(self.port), "--db-path", str(self.db_path), *args]
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
+            if env is None or name not in env:
+                self.env.pop(name, None)
+        self.process: subprocess.Popen[bytes] | None = None
+        self.clients: list[ChatClient] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/ws"
+
+    def start(self) -> "AppProcess":
+        with self.log_path.open("ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(ROOT / "main.py"), *self.args], cwd=ROOT, env=self.env, stdout=log, stderr=log
+            )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited: {self.logs()}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=1):
+                    return self
+            except OSError:
+                time.sleep(0.05)
+        raise RuntimeError(f"server did not start: {self.logs()}")
+
+    def stop(self) -> None:
+        """Shut down the way Ctrl+C does."""
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            self.process.wait(30)
+
+    def kill(self) -> None:
+        """Die the way a crash does."""
+        for client in self.clients:
+            client.close()
+        if self.process and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+    def logs(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def get(self, path: str) -> Any:
+        with urllib.request.urlopen(self.url + path, timeout=10) as response:
+            return json.loads(response.read())
+
+    def client(self, **headers: str) -> "ChatClient":
+        # legacy=True: a connection the test closes itself, rather than a `with` block per client.
+        client = ChatClient(connect(self.ws_url, additional_headers=headers or None, open_timeout=10, legacy=True))
+        self.clients.append(client)
+        return client
+
+
+class ChatClient:
+    """A real WebSocket client that speaks the protocol in JSON frames."""
+
+    def __init__(self, connection: ClientConnection) -> None:
+        self.connection = connection
+        self.frames: list[dict[str, Any]] = []
+
+    def send(self, type: str, **fields: Any) -> None:
+        self.connection.send(json.dumps({"type": type, **fields}))
+
+    def send_raw(self, data: str | bytes) -> None:
+        self.connection.send(data)
+
+    def recv(self, timeout: float = 10) -> dict[str, Any]:
+        frame = json.loads(self.connection.recv(timeout))
+        self.frames.append(frame)
+        return frame
+
+    def until(self, type: str, timeout: float = 20) -> list[dict[str, Any]]:
+        """Every frame up to and including the next one of `type`."""
+        seen = []
+        deadline = time.monotonic() + timeout
+        while True:
+            frame = self.recv(max(deadline - time.monotonic(), 0.01))
+            seen.append(frame)
+            if frame["type"] == type:
+                return seen
+
+    def hello(self, session_id: str | None = None) -> dict[str, Any]:
+        self.send("hello", **({"session_id": session_id} if session_id else {}))
+        return self.until("ready")[-1]
+
+    def turn(self, content: str) -> list[dict[str, Any]]:
+        """Send a message and return the frames up to its turn_end."""
+        self.send("message", content=content)
+        return self.until("turn_end")
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def reply_text(frames: list[dict[str, Any]]) -> str:
+    return "".join(f["content"] for f in frames if f["type"] == "chunk")
+
+
+@pytest.fixture(scope="session")
+def fake_server() -> Iterator[FakeOpenAI]:
+    with FakeOpenAIThread() as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake(fake_server: FakeOpenAI) -> FakeOpenAI:
+    fake_server.script.clear()
+    fake_server.requests.clear()
+    fake_server.hangups = 0
+    fake_server.completed = 0
+    return fake_server
+
+
+@pytest.fixture
+def start_app(tmp_path: Path, fake: FakeOpenAI) -> Iterator[Any]:
+    """Start the app against the fake; extra flags override the defaults."""
+    started: list[AppProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None) -> AppProcess:
+        defaults = ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--retry-wait", "0.05"]
+        app = AppProcess(tmp_path, [*defaults, *args], {"POCKETCHAT_API_KEY": API_KEY, **(env or {})})
+        started.append(app)
+        return app.start()
+
+    yield start
+    for app in started:
+        app.kill()
+
+
+@pytest.fixture
+def app(start_app: Any) -> AppProcess:
+    return start_app()

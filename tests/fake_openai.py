@@ -1,0 +1,217 @@
+"""A fake OpenAI-compatible server over real HTTP/1.1 and SSE, with faults on request.
+
+It answers `GET /v1/models` and `POST /v1/chat/completions` (streaming), keeps connections alive as
+real servers do, and records every request and every client that hung up mid-stream. What the next
+replies do is scripted with `Reply`: token count and pace, usage, reasoning, an HTTP error, a cut
+connection, a stall.
+
+Run it alone for the benchmark: `python -m tests.fake_openai --port 9000 --tokens 100 --pace-ms 20`.
+"""
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+MODELS = ["fake-model", "fake-model-large"]
+
+
+@dataclass
+class Reply:
+    """What one chat completion does."""
+
+    tokens: list[str] | None = None  # the content pieces; default: `count` numbered words
+    count: int = 5
+    pace: float = 0.0  # seconds between chunks
+    first_delay: float = 0.0
+    reasoning: list[str] = field(default_factory=list)  # reasoning_content pieces sent before the content
+    usage: bool = True  # send the usage chunk when the client asks for it
+    status: int | None = None  # answer with this HTTP error instead
+    message: str = "The fake provider failed on purpose."
+    cut_after: int | None = None  # drop the connection after this many content chunks
+    stall_after: int | None = None  # go silent (connection open) after this many content chunks
+    finish: bool = True  # send a finish_reason
+
+    def pieces(self) -> list[str]:
+        return self.tokens if self.tokens is not None else [f"tok{i} " for i in range(1, self.count + 1)]
+
+
+class FakeOpenAI:
+    def __init__(self, default: Reply | None = None) -> None:
+        self.default = default or Reply()
+        self.script: deque[Reply] = deque()
+        self.requests: list[dict[str, Any]] = []
+        self.hangups = 0
+        self.completed = 0
+        self.port = 0
+        self._server: asyncio.Server | None = None
+
+    def queue(self, *replies: Reply) -> None:
+        self.script.extend(replies)
+
+    @property
+    def chat_requests(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["path"].endswith("/chat/completions")]
+
+    async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
+        self._server = await asyncio.start_server(self._connection, host, port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while await self._exchange(reader, writer):
+                pass
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Serve one request; return whether the connection stays open for another."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        request = {"method": method, "path": path, "headers": headers, "json": json.loads(body) if body else None}
+        self.requests.append(request)
+        if method == "GET" and path.endswith("/models"):
+            data = {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "fake"} for m in MODELS]}
+            self._json(writer, 200, data)
+        elif method == "POST" and path.endswith("/chat/completions"):
+            reply = self.script.popleft() if self.script else self.default
+            if reply.status is not None:
+                error = {"error": {"message": reply.message, "type": "fake_error", "code": reply.status}}
+                self._json(writer, reply.status, error)
+            else:
+                return await self._stream(reader, writer, request["json"], reply)
+        else:
+            self._json(writer, 404, {"error": {"message": f"No route {method} {path}"}})
+        await writer.drain()
+        return True
+
+    def _json(self, writer: asyncio.StreamWriter, status: int, data: dict[str, Any]) -> None:
+        body = json.dumps(data).encode()
+        writer.write(
+            f"HTTP/1.1 {status} X\r\ncontent-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+
+    async def _stream(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: dict[str, Any], reply: Reply
+    ) -> bool:
+        writer.write(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
+            b"cache-control: no-cache\r\n\r\n"
+        )
+        # Reading while we write tells us when the client hangs up.
+        hangup = asyncio.ensure_future(reader.read(1))
+        model = body.get("model", MODELS[0])
+        base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()), "model": model}
+
+        def event(payload: dict[str, Any] | str) -> bytes:
+            data = f"data: {payload if isinstance(payload, str) else json.dumps(payload)}\n\n".encode()
+            return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+        def delta(content: dict[str, Any], finish: str | None = None) -> bytes:
+            return event({**base, "choices": [{"index": 0, "delta": content, "finish_reason": finish}]})
+
+        async def wait(seconds: float | None) -> bool:
+            """Sleep (forever if None); return False if the client hung up meanwhile."""
+            if seconds == 0:
+                await writer.drain()
+                return not hangup.done()
+            await writer.drain()
+            await asyncio.wait([hangup], timeout=seconds)
+            return not hangup.done()
+
+        try:
+            if not await wait(reply.first_delay):
+                return self._hung_up()
+            writer.write(delta({"role": "assistant", "content": ""}))
+            for piece in reply.reasoning:
+                writer.write(delta({"reasoning_content": piece}))
+                if not await wait(reply.pace):
+                    return self._hung_up()
+            pieces = reply.pieces()
+            for index, piece in enumerate(pieces):
+                if reply.cut_after is not None and index == reply.cut_after:
+                    await writer.drain()
+                    writer.transport.abort()
+                    return False
+                if reply.stall_after is not None and index == reply.stall_after:
+                    await wait(None)
+                    return self._hung_up()
+                writer.write(delta({"content": piece}))
+                if not await wait(reply.pace):
+                    return self._hung_up()
+            if reply.finish:
+                writer.write(delta({}, "stop"))
+            if reply.usage and (body.get("stream_options") or {}).get("include_usage"):
+                prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
+                usage = {
+                    "prompt_tokens": prompt,
+                    "completion_tokens": len(pieces),
+                    "total_tokens": prompt + len(pieces),
+                }
+                writer.write(event({**base, "choices": [], "usage": usage}))
+            writer.write(event("[DONE]") + b"0\r\n\r\n")
+            await writer.drain()
+            self.completed += 1
+            return not hangup.done()
+        finally:
+            hangup.cancel()
+
+    def _hung_up(self) -> bool:
+        self.hangups += 1
+        return False
+
+
+class FakeOpenAIThread:
+    """The fake on its own event loop in a background thread, for tests."""
+
+    def __init__(self, default: Reply | None = None) -> None:
+        self.fake = FakeOpenAI(default)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    def __enter__(self) -> FakeOpenAI:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self.fake.start(), self._loop).result(5)
+        return self.fake
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self.fake.close(), self._loop).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+
+async def _serve(port: int, default: Reply) -> None:
+    fake = FakeOpenAI(default)
+    await fake.start(port=port)
+    print(f"fake OpenAI server on http://127.0.0.1:{fake.port}/v1", flush=True)
+    await asyncio.Event().wait()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--port", type=int, default=9000)
+    parser.add_argument("--tokens", type=int, default=100)
+    parser.add_argument("--pace-ms", type=float, default=20)
+    args = parser.parse_args()
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    asyncio.run(_serve(args.port, Reply(count=args.tokens, pace=args.pace_ms / 1000)))

@@ -1,0 +1,182 @@
+"""The live conversations of this process: their history, the sockets attached, the running turn.
+
+A turn belongs to its conversation, not to the socket that started it: it runs to its end when
+every socket has gone. A conversation stays in memory while a socket is attached or a turn runs.
+"""
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from utils import protocol
+from utils.messages import ConversationRecord, Message, new_id
+from utils.protocol import NothingToRegenerate, TurnInProgress, UnknownSession
+from utils.store import Store
+from utils.turn_log import InProcessTurnLog, TurnLog
+
+logger = logging.getLogger(__name__)
+
+
+class Subscriber(Protocol):
+    """A socket attached to a conversation."""
+
+    def follow(self, log: TurnLog, position: int) -> None:
+        """Send the log's frames from `position` on, after whatever this subscriber is sending now."""
+
+    async def send(self, frame: dict[str, Any]) -> None: ...
+
+    def detach(self) -> None:
+        """Leave the conversation."""
+
+
+@dataclass
+class Turn:
+    user_message: Message
+    reply: Message
+    log: TurnLog
+    # Earlier messages this turn replaces (regenerate, edit).
+    replaced: list[Message]
+    id: str = field(default_factory=new_id)
+    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    started_at: float = field(default_factory=time.monotonic)
+    task: asyncio.Task[None] | None = None
+
+
+class Conversation:
+    def __init__(self, record: ConversationRecord, history: list[Message]) -> None:
+        self.record = record
+        self.history = history
+        self.subscribers: set[Subscriber] = set()
+        self.turn: Turn | None = None
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    def ready_frame(self, provider: dict[str, Any]) -> tuple[dict[str, Any], TurnLog | None, int]:
+        """The `ready` frame, and the log and position to follow from so that nothing is lost or repeated."""
+        running = self.turn.log.snapshot() if self.turn else None
+        # The running turn's reply reaches the client as `running`, never also as history.
+        reply_id = self.turn.reply.id if self.turn else None
+        history = [m.to_wire() for m in self.history if m.id != reply_id]
+        if running is not None:
+            running["message_id"] = reply_id
+        frame = protocol.ready(
+            self.id,
+            self.record.title,
+            self.record.model,
+            self.record.system_prompt,
+            history,
+            running,
+            provider,
+        )
+        if self.turn is None or running is None:
+            return frame, None, 0
+        return frame, self.turn.log, running["seq"] + 1
+
+    def _begin(self, user_message: Message, replaced: list[Message]) -> Turn:
+        if self.turn is not None:
+            raise TurnInProgress("A reply is still being written; stop it or wait for it to finish.")
+        turn_id = new_id()
+        reply = Message(
+            role="assistant", content="", status="streaming", turn_id=turn_id, meta={"model": self.record.model}
+        )
+        log = InProcessTurnLog(turn_id)
+        turn = Turn(user_message=user_message, reply=reply, log=log, replaced=replaced, id=turn_id)
+        replaced_ids = {m.id for m in replaced}
+        self.history = [m for m in self.history if m.id not in replaced_ids]
+        self.history.append(user_message)
+        self.turn = turn
+        log.append(protocol.turn_start(turn_id, user_message.to_wire()))
+        for subscriber in self.subscribers:
+            subscriber.follow(log, 0)
+        return turn
+
+    def begin_message(self, content: str) -> Turn:
+        """Start a turn for a new user message."""
+        return self._begin(Message(role="user", content=content), [])
+
+    def begin_regenerate(self) -> Turn:
+        """Start a turn that answers the last user message again, replacing the replies after it."""
+        last_user = self._last_user_index()
+        return self._begin(self.history[last_user], self.history[last_user:])
+
+    def begin_edit(self, message_id: str, content: str) -> Turn:
+        """Start a turn for the last user message with new text, replacing it and the replies after it."""
+        last_user = self._last_user_index()
+        if self.history[last_user].id != message_id:
+            raise protocol.BadFrame("Only the last user message can be edited.")
+        edited = Message(role="user", content=content)
+        return self._begin(edited, self.history[last_user:])
+
+    def _last_user_index(self) -> int:
+        if self.turn is not None:
+            raise TurnInProgress("A reply is still being written; stop it or wait for it to finish.")
+        for index in range(len(self.history) - 1, -1, -1):
+            if self.history[index].role == "user":
+                return index
+        raise NothingToRegenerate("This conversation has no message to answer again.")
+
+    def end(self, turn: Turn) -> None:
+        turn.log.close()
+        if self.turn is turn:
+            self.turn = None
+
+    async def broadcast(self, frame: dict[str, Any]) -> None:
+        await asyncio.gather(*(subscriber.send(frame) for subscriber in list(self.subscribers)))
+
+
+class Hub:
+    """Finds a conversation in memory or loads it from the store, so that every socket shares one copy."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._live: dict[str, Conversation] = {}
+        self._loading: dict[str, asyncio.Future[Conversation | None]] = {}
+
+    def get(self, conversation_id: str) -> Conversation | None:
+        return self._live.get(conversation_id)
+
+    @property
+    def running_turns(self) -> list[Turn]:
+        return [c.turn for c in self._live.values() if c.turn is not None]
+
+    async def create(self, model: str, system_prompt: str) -> Conversation:
+        record = ConversationRecord(model=model, system_prompt=system_prompt)
+        await self.store.create_conversation(record)
+        conversation = Conversation(record, [])
+        self._live[record.id] = conversation
+        return conversation
+
+    async def open(self, conversation_id: str) -> Conversation:
+        if (live := self._live.get(conversation_id)) is not None:
+            return live
+        # Two sockets opening the same conversation at once must get the same object.
+        if (loading := self._loading.get(conversation_id)) is None:
+            loading = asyncio.ensure_future(self._load(conversation_id))
+            self._loading[conversation_id] = loading
+        conversation = await asyncio.shield(loading)
+        if conversation is None:
+            raise UnknownSession("No conversation has that id; it may have been deleted.")
+        return conversation
+
+    async def _load(self, conversation_id: str) -> Conversation | None:
+        try:
+            loaded = await self.store.load(conversation_id)
+            if loaded is None:
+                return None
+            conversation = Conversation(*loaded)
+            self._live[conversation_id] = conversation
+            return conversation
+        finally:
+            del self._loading[conversation_id]
+
+    def release(self, conversation: Conversation) -> None:
+        """Forget a conversation nobody is looking at and nothing is writing to."""
+        if not conversation.subscribers and conversation.turn is None:
+            self._live.pop(conversation.id, None)
+
+    def forget(self, conversation_id: str) -> Conversation | None:
+        return self._live.pop(conversation_id, None)

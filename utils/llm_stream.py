@@ -1,0 +1,103 @@
+"""Stream one reply from a chat provider, handing each piece of text to a callback as it arrives."""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from openai.types.chat import ChatCompletionChunk
+
+from utils.protocol import ProviderError
+
+
+class ChatProvider(Protocol):
+    """What the chat node needs of a model: an OpenAI-shaped chunk stream, whoever produces it."""
+
+    kind: str
+    # "provider" when the stream carries the provider's usage, "counted" when the provider counts it itself.
+    usage_source: str
+
+    def open_stream(
+        self,
+        messages: list[dict[str, str]],
+        model: str,
+        max_tokens: int | None,
+        on_queued: Callable[[int], object] | None = None,
+    ) -> AbstractAsyncContextManager[AsyncIterator[ChatCompletionChunk]]: ...
+
+    async def default_model(self) -> str: ...
+
+    async def list_models(self) -> list[str]: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+    async def aclose(self) -> None: ...
+
+
+@dataclass
+class StreamResult:
+    stopped: bool
+    finish_reason: str | None
+    usage: dict[str, int] | None
+    first_chunk_at: float | None
+
+
+async def stream_llm(
+    provider: ChatProvider,
+    messages: list[dict[str, str]],
+    model: str,
+    max_tokens: int | None,
+    on_chunk: Callable[[str, str | None], object],
+    stop: asyncio.Event,
+    on_queued: Callable[[int], object] | None = None,
+) -> StreamResult:
+    """Stream a reply into `on_chunk(content, reasoning)` until it ends or `stop` is set.
+
+    `on_queued(position)` is called if the provider must wait for earlier requests first.
+    A stop cancels the read in progress, which closes the upstream response at once. A stream
+    that ends without a finish reason was cut short and raises ProviderError.
+    """
+    result = StreamResult(stopped=False, finish_reason=None, usage=None, first_chunk_at=None)
+
+    async def consume() -> None:
+        async with provider.open_stream(messages, model, max_tokens, on_queued) as chunks:
+            async for chunk in chunks:
+                for choice in chunk.choices:
+                    delta = choice.delta
+                    content = delta.content or ""
+                    # DeepSeek, vLLM and llama.cpp send reasoning_content; OpenRouter sends reasoning.
+                    reasoning = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
+                    if content or reasoning:
+                        if result.first_chunk_at is None:
+                            result.first_chunk_at = time.monotonic()
+                        on_chunk(content, reasoning)
+                    if choice.finish_reason:
+                        result.finish_reason = choice.finish_reason
+                if chunk.usage is not None:
+                    result.usage = {
+                        "prompt_tokens": chunk.usage.prompt_tokens,
+                        "completion_tokens": chunk.usage.completion_tokens,
+                        "total_tokens": chunk.usage.total_tokens,
+                    }
+
+    if stop.is_set():
+        result.stopped = True
+        return result
+    reading = asyncio.create_task(consume())
+    stopping = asyncio.create_task(stop.wait())
+    try:
+        await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopping.cancel()
+        if not reading.done():
+            # Cancelling the read leaves open_stream's block, which closes the HTTP response.
+            reading.cancel()
+            result.stopped = True
+            await asyncio.gather(reading, return_exceptions=True)
+    if not result.stopped:
+        reading.result()  # re-raises the provider's failure
+        if result.finish_reason is None:
+            raise ProviderError("The provider's stream ended before the reply was finished.")
+    return result

@@ -1,0 +1,59 @@
+"""The records a conversation is made of, as stored and as sent in `ready.history`."""
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+Role = Literal["user", "assistant"]
+# streaming: a reply being written; interrupted: a reply a crash or shutdown cut short.
+Status = Literal["complete", "streaming", "stopped", "error", "interrupted"]
+
+
+def new_id() -> str:
+    """An unguessable id (128 bits)."""
+    return secrets.token_urlsafe(16)
+
+
+@dataclass
+class Message:
+    role: Role
+    content: str
+    status: Status = "complete"
+    turn_id: str | None = None
+    id: str = field(default_factory=new_id)
+    reasoning: str = ""
+    error: str | None = None
+    # The reply's model, usage, ttft_ms and tokens_per_second.
+    meta: dict[str, Any] = field(default_factory=dict)
+    created_at: float = field(default_factory=time.time)
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {"id": self.id, "role": self.role, "content": self.content, "status": self.status}
+        if self.reasoning:
+            wire["reasoning"] = self.reasoning
+        if self.error:
+            wire["error"] = self.error
+        if self.meta:
+            wire["meta"] = self.meta
+        return wire
+
+
+@dataclass
+class ConversationRecord:
+    model: str
+    system_prompt: str
+    title: str | None = None
+    id: str = field(default_factory=new_id)
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "model": self.model,
+            "system_prompt": self.system_prompt,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
+        }

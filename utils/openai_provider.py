@@ -1,0 +1,142 @@
+"""Any OpenAI-compatible endpoint (OpenAI, OpenRouter, Ollama, vLLM, llama.cpp server) as a chat provider."""
+
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import openai
+from openai.types.chat import ChatCompletionChunk
+
+from utils.protocol import ProviderError
+
+RETRYABLE_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
+# Keys look like sk-..., sk-or-v1-..., or-...; a provider may echo part of one back.
+KEY_PATTERN = re.compile(r"\b(sk|or|key)-[A-Za-z0-9_\-*]{8,}")
+
+
+class OpenAIProvider:
+    kind = "openai"
+    usage_source = "provider"
+
+    def __init__(
+        self,
+        base_url: str | None,
+        api_key: str | None,
+        model: str | None,
+        idle_limit: float,
+        temperature: float | None = None,
+    ) -> None:
+        # One client per process: it pools connections. The SDK's own retries are off because the
+        # chat node retries, and only before the first chunk. Keyless local servers get no
+        # Authorization header at all rather than a made-up key.
+        self.client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key,
+            max_retries=0,
+            timeout=openai.Timeout(connect=10.0, read=idle_limit, write=10.0, pool=10.0),
+            _enforce_credentials=False,
+        )
+        self._api_key = api_key
+        self._model = model
+        self.temperature = temperature
+        self.idle_limit = idle_limit
+        self.base_url = str(self.client.base_url)
+
+    def describe(self) -> dict[str, Any]:
+        """What the page shows about who answers."""
+        return {"kind": self.kind, "base_url": self.base_url, "local": False}
+
+    async def default_model(self) -> str:
+        if self._model is None:
+            models = await self.list_models()
+            if not models:
+                raise ProviderError(f"{self.base_url} lists no models; set POCKETCHAT_MODEL or --model.")
+            self._model = models[0]
+        return self._model
+
+    async def list_models(self) -> list[str]:
+        try:
+            return [model.id async for model in self.client.models.list()]
+        except openai.OpenAIError as error:
+            raise self.translate(error) from None
+
+    @asynccontextmanager
+    async def open_stream(
+        self,
+        messages: list[dict[str, str]],
+        model: str,
+        max_tokens: int | None,
+        on_queued: Callable[[int], object] | None = None,
+    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
+        """The provider's chunk stream; leaving the block closes the HTTP response (the provider sees it).
+
+        Remote providers queue requests their own way, so `on_queued` is never called here.
+        """
+        extra: dict[str, Any] = {"max_tokens": max_tokens} if max_tokens else {}
+        if self.temperature is not None:
+            extra["temperature"] = self.temperature
+        try:
+            stream = await self.client.chat.completions.create(
+                model=model,
+                messages=messages,
+                stream=True,
+                stream_options={"include_usage": True},
+                **extra,
+            )
+        except openai.OpenAIError as error:
+            raise self.translate(error) from None
+        try:
+            yield self._errors_translated(stream)
+        finally:
+            await stream.close()
+
+    async def _errors_translated(
+        self, stream: AsyncIterator[ChatCompletionChunk]
+    ) -> AsyncIterator[ChatCompletionChunk]:
+        try:
+            async for chunk in stream:
+                yield chunk
+        except openai.OpenAIError as error:
+            raise self.translate(error) from None
+
+    def redact(self, text: str) -> str:
+        if self._api_key:
+            text = text.replace(self._api_key, "[redacted]")
+        return KEY_PATTERN.sub("[redacted]", text)
+
+    def translate(self, error: openai.OpenAIError) -> ProviderError:
+        """The SDK's exception as a ProviderError carrying the provider's own message and status."""
+        if isinstance(error, openai.APITimeoutError):
+            return ProviderError(
+                f"The provider at {self.base_url} sent nothing for {self.idle_limit:g} s.", retryable=True
+            )
+        if isinstance(error, openai.APIConnectionError):
+            cause = error.__cause__ or error.__context__
+            detail = f": {cause}" if cause and str(cause) else ""
+            return ProviderError(
+                self.redact(f"Could not reach the provider at {self.base_url}{detail}"), retryable=True
+            )
+        if isinstance(error, openai.APIStatusError):
+            return ProviderError(
+                self.redact(f"The provider answered HTTP {error.status_code}: {_body_message(error)}"),
+                status=error.status_code,
+                retryable=error.status_code in RETRYABLE_STATUSES,
+            )
+        if isinstance(error, openai.APIError):
+            return ProviderError(self.redact(f"The provider reported an error: {_body_message(error)}"))
+        return ProviderError(self.redact(f"The provider client failed: {error}"))
+
+    async def aclose(self) -> None:
+        await self.client.close()
+
+
+def _body_message(error: openai.APIError) -> str:
+    body = error.body
+    if isinstance(body, dict):
+        inner = body.get("error", body)
+        if isinstance(inner, dict) and isinstance(inner.get("message"), str):
+            return inner["message"]
+        if isinstance(inner, str):
+            return inner
+    return error.message

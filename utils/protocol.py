@@ -1,0 +1,195 @@
+"""The WebSocket wire format, declared once (docs/protocol.md describes the same frames).
+
+`parse_client_frame` is the one place a client frame is read; every server frame has one
+constructor here; every `error.code` is an exception class here.
+"""
+
+import json
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+
+PROTOCOL_VERSION = 1
+
+SessionId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=64)]
+Content = Annotated[str, StringConstraints(strict=True, pattern=r"\S")]
+
+
+class ProtocolError(Exception):
+    """An error the client is told about in an `error` frame; the socket stays open."""
+
+    code = "internal"
+
+    def __init__(self, message: str, turn_id: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.turn_id = turn_id
+
+
+class BadFrame(ProtocolError):
+    code = "bad_frame"
+
+
+class TooLarge(ProtocolError):
+    code = "too_large"
+
+
+class TurnInProgress(ProtocolError):
+    code = "turn_in_progress"
+
+
+class UnknownSession(ProtocolError):
+    code = "unknown_session"
+
+
+class NothingToRegenerate(ProtocolError):
+    code = "nothing_to_regenerate"
+
+
+class ProviderError(ProtocolError):
+    """The model provider failed; `retryable` says whether trying again may help."""
+
+    code = "provider_error"
+
+    def __init__(self, message: str, status: int | None = None, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.status = status
+        self.retryable = retryable
+
+
+ERROR_CODES = [cls.code for cls in ProtocolError.__subclasses__()]
+
+
+class _Frame(BaseModel):
+    # Unknown fields are ignored so that newer clients can talk to this server.
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class Hello(_Frame):
+    type: Literal["hello"]
+    session_id: SessionId | None = None
+
+
+class Message(_Frame):
+    type: Literal["message"]
+    content: Content
+
+
+class Stop(_Frame):
+    type: Literal["stop"]
+    turn_id: Annotated[str, StringConstraints(strict=True)] | None = None
+
+
+class Regenerate(_Frame):
+    type: Literal["regenerate"]
+
+
+class Edit(_Frame):
+    type: Literal["edit"]
+    message_id: Annotated[str, StringConstraints(strict=True, min_length=1)]
+    content: Content
+
+
+ClientFrame = Hello | Message | Stop | Regenerate | Edit
+CLIENT_FRAME_TYPES = [frame.model_fields["type"].annotation.__args__[0] for frame in ClientFrame.__args__]
+_client_frame: TypeAdapter[ClientFrame] = TypeAdapter(Annotated[ClientFrame, Field(discriminator="type")])
+
+
+def parse_client_frame(message: Mapping[str, Any], max_bytes: int) -> ClientFrame:
+    """Read one ASGI `websocket.receive` message as a client frame, or raise the error to send back."""
+    text = message.get("text")
+    if text is None:
+        raise BadFrame("Binary frames are not accepted; send JSON text.")
+    if len(text) > max_bytes or len(text.encode()) > max_bytes:
+        raise TooLarge(f"Frame is over the {max_bytes}-byte limit.")
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise BadFrame("Frame is not valid JSON.") from None
+    if not isinstance(data, dict):
+        raise BadFrame("Frame must be a JSON object.")
+    if data.get("type") not in CLIENT_FRAME_TYPES:
+        raise BadFrame(f"Unknown frame type {data.get('type')!r}; expected one of {', '.join(CLIENT_FRAME_TYPES)}.")
+    try:
+        return _client_frame.validate_python(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"][1:]) or "frame"
+        if first["type"] == "string_pattern_mismatch":
+            raise BadFrame(f"'{where}' must not be empty.") from None
+        raise BadFrame(f"'{where}': {first['msg']}.") from None
+
+
+def encode(frame: dict[str, Any]) -> str:
+    """One frame as the text sent on the wire."""
+    return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+
+
+def ready(
+    session_id: str,
+    title: str | None,
+    model: str,
+    system_prompt: str,
+    history: list[dict[str, Any]],
+    running: dict[str, Any] | None,
+    provider: dict[str, Any],
+) -> dict[str, Any]:
+    frame: dict[str, Any] = {
+        "type": "ready",
+        "protocol": PROTOCOL_VERSION,
+        "session_id": session_id,
+        "title": title,
+        "model": model,
+        "system_prompt": system_prompt,
+        "provider": provider,
+        "history": history,
+    }
+    if running is not None:
+        frame["running"] = running
+    return frame
+
+
+def turn_start(turn_id: str, message: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "turn_start", "turn_id": turn_id, "message": message}
+
+
+def chunk(turn_id: str, seq: int, content: str, reasoning: str | None = None) -> dict[str, Any]:
+    frame: dict[str, Any] = {"type": "chunk", "turn_id": turn_id, "seq": seq, "content": content}
+    if reasoning:
+        frame["reasoning"] = reasoning
+    return frame
+
+
+def queued(turn_id: str, position: int) -> dict[str, Any]:
+    return {"type": "queued", "turn_id": turn_id, "position": position}
+
+
+def turn_end(turn_id: str, status: str, message_id: str, stats: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "turn_end", "turn_id": turn_id, "status": status, "message_id": message_id, **stats}
+
+
+def conversation(session_id: str, title: str | None, model: str, system_prompt: str) -> dict[str, Any]:
+    return {
+        "type": "conversation",
+        "session_id": session_id,
+        "title": title,
+        "model": model,
+        "system_prompt": system_prompt,
+    }
+
+
+def deleted(session_id: str) -> dict[str, Any]:
+    return {"type": "deleted", "session_id": session_id}
+
+
+def error(error: ProtocolError) -> dict[str, Any]:
+    frame: dict[str, Any] = {"type": "error", "code": error.code, "message": error.message}
+    if error.turn_id:
+        frame["turn_id"] = error.turn_id
+    if isinstance(error, ProviderError) and error.status is not None:
+        frame["status"] = error.status
+    return frame
+
+
+SERVER_FRAME_TYPES = ["ready", "turn_start", "chunk", "queued", "turn_end", "conversation", "deleted", "error"]
