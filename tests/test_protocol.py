@@ -1,0 +1,322 @@
+"""Each rule of docs/protocol.md, against the app under uvicorn and the fake provider."""
+
+import json
+import time
+
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
+
+from tests.conftest import API_KEY, reply_text
+from tests.fake_openai import Reply
+
+
+def wait_for(predicate, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met in time")
+        time.sleep(0.02)
+
+
+def test_hello_answers_ready_with_a_new_conversation(app):
+    ready = app.client().hello()
+    assert ready["protocol"] == 1
+    assert ready["history"] == [] and "running" not in ready
+    assert ready["model"] == "fake-model"
+    assert len(ready["session_id"]) >= 22  # 128 random bits, base64url
+
+
+def test_a_turn_streams_ordered_chunks_and_ends_with_stats(app, fake):
+    fake.queue(Reply(tokens=["Hel", "lo", " there"]))
+    client = app.client()
+    client.hello()
+    frames = client.turn("hi")
+    assert frames[0]["type"] == "turn_start"
+    assert frames[0]["message"]["role"] == "user" and frames[0]["message"]["content"] == "hi"
+    chunks = [f for f in frames if f["type"] == "chunk"]
+    assert [c["seq"] for c in chunks] == [1, 2, 3]
+    assert reply_text(frames) == "Hello there"
+    end = frames[-1]
+    assert end["status"] == "complete" and end["turn_id"] == frames[0]["turn_id"]
+    assert end["usage"]["completion_tokens"] == 3 and end["usage"]["source"] == "provider"
+    assert end["ttft_ms"] >= 0 and end["tokens_per_second"] > 0
+
+
+def test_usage_is_estimated_when_the_provider_sends_none(app, fake):
+    fake.queue(Reply(tokens=["abcd", "efgh"], usage=False))
+    client = app.client()
+    client.hello()
+    end = client.turn("hi")[-1]
+    assert end["usage"]["source"] == "estimated"
+    assert end["usage"]["completion_tokens"] == 2
+
+
+def test_a_message_before_hello_attaches_a_new_conversation(app):
+    client = app.client()
+    client.send("message", content="hello")
+    frames = client.until("turn_end")
+    assert [f["type"] for f in frames[:2]] == ["ready", "turn_start"]
+    assert frames[-1]["status"] == "complete"
+
+
+def test_hello_switches_conversations_on_one_socket(app):
+    client = app.client()
+    first = client.hello()["session_id"]
+    client.turn("in the first")
+    second = client.hello()["session_id"]
+    assert second != first
+    back = client.hello(first)
+    assert back["session_id"] == first
+    assert [m["content"] for m in back["history"]] == ["in the first", "tok1 tok2 tok3 tok4 tok5 "]
+
+
+def test_unknown_session_is_an_error_and_the_socket_stays_usable(app):
+    client = app.client()
+    client.send("hello", session_id="no-such-conversation")
+    error = client.recv()
+    assert error["type"] == "error" and error["code"] == "unknown_session"
+    assert client.hello()["type"] == "ready"
+
+
+# Rule 1: a turn belongs to the conversation
+
+
+def test_two_sockets_on_one_conversation_see_the_same_stream(app, fake):
+    fake.queue(Reply(count=20, pace=0.01))
+    a, b = app.client(), app.client()
+    session = a.hello()["session_id"]
+    b.hello(session)
+    a_frames = a.turn("hello both")
+    b_frames = b.until("turn_end")
+    assert a_frames == b_frames
+    assert len([f for f in a_frames if f["type"] == "chunk"]) == 20
+
+
+def test_a_turn_runs_to_its_end_when_every_socket_has_gone(app, fake):
+    fake.queue(Reply(count=30, pace=0.02))
+    client = app.client()
+    session = client.hello()["session_id"]
+    client.send("message", content="keep going without me")
+    client.until("chunk")
+    client.close()
+    wait_for(lambda: fake.completed == 1)
+    history = app.client().hello(session)["history"]
+
+    def settled() -> bool:
+        nonlocal history
+        history = app.client().hello(session)["history"]
+        return len(history) == 2 and history[1]["status"] == "complete"
+
+    wait_for(settled)
+    assert history[1]["content"] == "".join(f"tok{i} " for i in range(1, 31))
+
+
+# Rule 2: reconnect and reload lose nothing and repeat nothing
+
+
+def test_reload_mid_turn_gives_a_byte_identical_transcript(app, fake):
+    fake.queue(Reply(count=60, pace=0.02))
+    watcher, leaver = app.client(), app.client()
+    session = watcher.hello()["session_id"]
+    leaver.hello(session)
+    leaver.send("message", content="a long answer please")
+    for _ in range(10):
+        leaver.until("chunk")
+    leaver.close()
+    time.sleep(0.2)  # chunks stream on while nobody is on that socket
+
+    returning = app.client()
+    ready = returning.hello(session)
+    running = ready["running"]
+    assert running["seq"] >= 10 and running["content"]
+    assert [m["role"] for m in ready["history"]] == ["user"]
+    rest = returning.until("turn_end")
+    seqs = [f["seq"] for f in rest if f["type"] == "chunk"]
+    assert seqs == list(range(running["seq"] + 1, 61))  # nothing repeated, nothing missing
+
+    undisturbed = watcher.until("turn_end")
+    assert running["content"] + reply_text(rest) == reply_text(undisturbed)
+    assert rest[-1] == undisturbed[-1]
+
+
+# Rule 3: one running turn per conversation
+
+
+def test_a_message_while_a_turn_runs_is_refused_and_the_turn_is_untouched(app, fake):
+    fake.queue(Reply(count=20, pace=0.02))
+    client = app.client()
+    client.hello()
+    client.send("message", content="first")
+    client.until("chunk")
+    client.send("message", content="second")
+    frames = client.until("turn_end")
+    errors = [f for f in frames if f["type"] == "error"]
+    assert [e["code"] for e in errors] == ["turn_in_progress"]
+    assert frames[-1]["status"] == "complete"
+    assert reply_text(frames).endswith("tok20 ")
+    assert len(fake.chat_requests) == 1
+
+
+# Rule 4: stop
+
+
+def test_stop_hangs_up_on_the_provider_and_stores_the_partial_reply(app, fake):
+    fake.queue(Reply(count=200, pace=0.02))
+    client = app.client()
+    session = client.hello()["session_id"]
+    client.send("message", content="go on forever")
+    start = client.until("turn_start")[-1]
+    received = client.until("chunk")
+    client.send("stop", turn_id=start["turn_id"])
+    received += client.until("turn_end")
+    assert received[-1]["status"] == "stopped"
+    wait_for(lambda: fake.hangups == 1, timeout=2)
+    assert fake.completed == 0
+    reply = app.client().hello(session)["history"][1]
+    assert reply["status"] == "stopped"
+    assert reply["content"] == reply_text(received) and reply["content"]
+
+
+def test_stop_without_a_running_turn_is_ignored(app):
+    client = app.client()
+    client.hello()
+    client.send("stop")
+    frames = client.turn("still works")
+    assert frames[-1]["status"] == "complete"
+    assert not [f for f in frames if f["type"] == "error"]
+
+
+# Rule 5: provider failures
+
+
+def assert_failed_turn(app, client, session, frames, status=None):
+    error = next(f for f in frames if f["type"] == "error")
+    assert error["code"] == "provider_error" and error["turn_id"] == frames[0]["turn_id"]
+    if status is not None:
+        assert error["status"] == status
+    assert frames[-1]["type"] == "turn_end" and frames[-1]["status"] == "error"
+    history = app.client().hello(session)["history"]
+    assert history[0]["role"] == "user" and history[1]["status"] == "error"
+    assert history[1]["content"] == reply_text(frames)
+    return error
+
+
+def test_an_http_error_is_retried_before_the_first_chunk_then_reported(app, fake):
+    fake.queue(*[Reply(status=503, message="Overloaded, try later")] * 3)
+    client = app.client()
+    session = client.hello()["session_id"]
+    frames = client.turn("hi")
+    error = assert_failed_turn(app, client, session, frames, status=503)
+    assert "Overloaded, try later" in error["message"]
+    assert len(fake.chat_requests) == 3
+
+
+def test_a_retry_that_succeeds_sends_every_chunk_once(app, fake):
+    fake.queue(Reply(status=502), Reply(count=4))
+    client = app.client()
+    client.hello()
+    frames = client.turn("hi")
+    assert frames[-1]["status"] == "complete"
+    assert [f["seq"] for f in frames if f["type"] == "chunk"] == [1, 2, 3, 4]
+    assert len(fake.chat_requests) == 2
+
+
+def test_a_client_error_is_not_retried_and_the_key_never_leaks(app, fake):
+    fake.queue(Reply(status=401, message=f"Incorrect API key provided: {API_KEY}."))
+    client = app.client()
+    session = client.hello()["session_id"]
+    frames = client.turn("hi")
+    error = assert_failed_turn(app, client, session, frames, status=401)
+    assert "Incorrect API key provided" in error["message"]
+    assert len(fake.chat_requests) == 1
+    assert fake.chat_requests[0]["headers"]["authorization"] == f"Bearer {API_KEY}"
+    assert API_KEY not in json.dumps(client.frames)
+    app.stop()
+    assert API_KEY not in app.logs()
+
+
+def test_a_stream_cut_in_the_middle_keeps_the_partial_reply(app, fake):
+    fake.queue(Reply(count=10, cut_after=4))
+    client = app.client()
+    session = client.hello()["session_id"]
+    frames = client.turn("hi")
+    assert reply_text(frames) == "tok1 tok2 tok3 tok4 "
+    assert_failed_turn(app, client, session, frames)
+    assert len(fake.chat_requests) == 1  # never retried after the first chunk
+
+
+def test_a_stalled_stream_fails_after_the_idle_limit(start_app, fake):
+    app = start_app("--idle-limit", "0.5")
+    fake.queue(Reply(count=10, stall_after=3))
+    client = app.client()
+    session = client.hello()["session_id"]
+    frames = client.turn("hi")
+    error = assert_failed_turn(app, client, session, frames)
+    assert "sent nothing for 0.5 s" in error["message"]
+    assert reply_text(frames) == "tok1 tok2 tok3 "
+    wait_for(lambda: fake.hangups == 1)
+
+
+def test_a_refused_connection_is_a_provider_error(start_app, fake):
+    app = start_app("--base-url", "http://127.0.0.1:9/v1", "--model", "any", "--retries", "2")
+    client = app.client()
+    session = client.hello()["session_id"]
+    frames = client.turn("hi")
+    error = assert_failed_turn(app, client, session, frames)
+    assert "Could not reach the provider at http://127.0.0.1:9/v1" in error["message"]
+
+
+# Rule 6: bad input changes nothing
+
+
+@pytest.mark.parametrize(
+    ("raw", "code", "says"),
+    [
+        ("not json", "bad_frame", "not valid JSON"),
+        ("[1, 2]", "bad_frame", "JSON object"),
+        ('{"content": "no type"}', "bad_frame", "Unknown frame type"),
+        ('{"type": "shout"}', "bad_frame", "Unknown frame type"),
+        ('{"type": "message"}', "bad_frame", "'content'"),
+        ('{"type": "message", "content": 42}', "bad_frame", "'content'"),
+        ('{"type": "message", "content": "   \\n "}', "bad_frame", "must not be empty"),
+        ('{"type": "hello", "session_id": 7}', "bad_frame", "'session_id'"),
+        ('{"type": "stop", "turn_id": []}', "bad_frame", "'turn_id'"),
+        (b'{"type": "hello"}', "bad_frame", "Binary frames"),
+        (json.dumps({"type": "message", "content": "x" * 300_000}), "too_large", "limit"),
+    ],
+)
+def test_bad_input_gets_an_error_and_changes_nothing(app, fake, raw, code, says):
+    client = app.client()
+    session = client.hello()["session_id"]
+    client.send_raw(raw)
+    error = client.recv()
+    assert error["type"] == "error" and error["code"] == code and says in error["message"]
+    assert client.hello(session)["history"] == []
+    assert fake.chat_requests == []
+    assert client.turn("still usable")[-1]["status"] == "complete"
+
+
+# Rule 7: origins
+
+
+def test_a_foreign_origin_is_refused(app):
+    with pytest.raises(InvalidStatus) as refused:
+        connect(app.ws_url, additional_headers={"Origin": "http://evil.example"}, legacy=True)
+    assert refused.value.response.status_code == 403
+
+
+def test_the_pages_own_origin_and_allowed_origins_are_accepted(start_app):
+    app = start_app("--allowed-origins", "https://chat.example.org")
+    for origin in (f"http://127.0.0.1:{app.port}", "https://chat.example.org"):
+        assert app.client(Origin=origin).hello()["type"] == "ready"
+
+
+# Rule 8: unguessable ids
+
+
+def test_conversation_ids_are_random_and_long(app):
+    client = app.client()
+    ids = {client.hello()["session_id"] for _ in range(50)}
+    assert len(ids) == 50
+    assert all(len(i) >= 22 and i.replace("-", "").replace("_", "").isalnum() for i in ids)
