@@ -374,6 +374,8 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(router)
     app.add_api_websocket_route("/ws", chat_socket)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
+    # The page's libraries, installed from the npm registry by `make` (package-lock.json pins them).
+    app.mount("/vendor", StaticFiles(directory=HERE / "node_modules", check_dir=False), name="vendor")
     return app
 
 

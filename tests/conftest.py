@@ -71,14 +71,20 @@ class AppProcess:
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
             self.process.wait(30)
+        self._close_clients()
 
     def kill(self) -> None:
         """Die the way a crash does."""
-        for client in self.clients:
-            client.close()
         if self.process and self.process.poll() is None:
             self.process.kill()
             self.process.wait(10)
+        self._close_clients()
+
+    def _close_clients(self) -> None:
+        # After the server is gone: a client that stopped reading could not finish a close handshake.
+        for client in self.clients:
+            client.close()
+        self.clients.clear()
 
     def logs(self) -> str:
         return self.log_path.read_text() if self.log_path.exists() else ""

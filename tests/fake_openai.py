@@ -67,16 +67,20 @@ class FakeOpenAI:
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            while await self._exchange(reader, writer):
-                pass
+            carry: bytes | None = b""
+            while carry is not None:
+                carry = await self._exchange(reader, writer, carry)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:
             writer.close()
 
-    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
-        """Serve one request; return whether the connection stays open for another."""
-        head = await reader.readuntil(b"\r\n\r\n")
+    async def _exchange(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, carry: bytes
+    ) -> bytes | None:
+        """Serve one request (whose first bytes may have been read already); None closes the connection,
+        bytes are the start of the next request."""
+        head = carry + await reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
         method, path, _ = lines[0].split(" ", 2)
         headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
@@ -96,7 +100,7 @@ class FakeOpenAI:
         else:
             self._json(writer, 404, {"error": {"message": f"No route {method} {path}"}})
         await writer.drain()
-        return True
+        return b""
 
     def _json(self, writer: asyncio.StreamWriter, status: int, data: dict[str, Any]) -> None:
         body = json.dumps(data).encode()
@@ -107,7 +111,7 @@ class FakeOpenAI:
 
     async def _stream(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: dict[str, Any], reply: Reply
-    ) -> bool:
+    ) -> bytes | None:
         writer.write(
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n"
             b"cache-control: no-cache\r\n\r\n"
@@ -146,7 +150,7 @@ class FakeOpenAI:
                 if reply.cut_after is not None and index == reply.cut_after:
                     await writer.drain()
                     writer.transport.abort()
-                    return False
+                    return None
                 if reply.stall_after is not None and index == reply.stall_after:
                     await wait(None)
                     return self._hung_up()
@@ -166,13 +170,17 @@ class FakeOpenAI:
             writer.write(event("[DONE]") + b"0\r\n\r\n")
             await writer.drain()
             self.completed += 1
-            return not hangup.done()
+            if not hangup.done():
+                hangup.cancel()
+                await asyncio.gather(hangup, return_exceptions=True)
+                return b""
+            # The client may already have sent its next request on this connection.
+            return hangup.result() or None
         finally:
             hangup.cancel()
 
-    def _hung_up(self) -> bool:
+    def _hung_up(self) -> None:
         self.hangups += 1
-        return False
 
 
 class FakeOpenAIThread:

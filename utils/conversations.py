@@ -80,6 +80,7 @@ class Conversation:
         if self.turn is not None:
             raise TurnInProgress("A reply is still being written; stop it or wait for it to finish.")
         turn_id = new_id()
+        user_message.turn_id = turn_id
         reply = Message(
             role="assistant", content="", status="streaming", turn_id=turn_id, meta={"model": self.record.model}
         )

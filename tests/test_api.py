@@ -1,0 +1,104 @@
+"""The page, the health check and the JSON API for conversations."""
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tests.fake_openai import Reply
+
+
+def request(app, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(app.url + path, data=data, method=method, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+
+
+def test_the_page_and_health_check_are_served(app):
+    status, body = request(app, "GET", "/")
+    assert status == 200 and b'<script type="module" src="/static/app.js">' in body
+    assert app.get("/healthz")["status"] == "ok"
+
+
+def test_conversations_are_listed_newest_first(app):
+    client = app.client()
+    older = client.hello()["session_id"]
+    client.turn("older one")
+    newer = client.hello()["session_id"]
+    client.turn("newer one")
+    listed = app.get("/api/conversations")["conversations"]
+    assert [c["id"] for c in listed] == [newer, older]
+    assert [c["title"] for c in listed] == ["newer one", "older one"]
+
+
+def test_rename_is_stored_and_told_to_attached_sockets(app):
+    client = app.client()
+    session = client.hello()["session_id"]
+    status, body = request(app, "PATCH", f"/api/conversations/{session}", {"title": "  My plans  "})
+    assert status == 200 and json.loads(body)["title"] == "My plans"
+    assert client.until("conversation")[-1]["title"] == "My plans"
+    assert app.get(f"/api/conversations/{session}")["title"] == "My plans"
+
+
+def test_model_and_system_prompt_apply_to_the_next_turn(app, fake):
+    client = app.client()
+    session = client.hello()["session_id"]
+    changes = {"model": "fake-model-large", "system_prompt": "Answer like a pirate."}
+    assert request(app, "PATCH", f"/api/conversations/{session}", changes)[0] == 200
+    client.turn("ahoy")
+    sent = fake.chat_requests[-1]["json"]
+    assert sent["model"] == "fake-model-large"
+    assert sent["messages"][0] == {"role": "system", "content": "Answer like a pirate."}
+    ready = app.client().hello(session)
+    assert (ready["model"], ready["system_prompt"]) == ("fake-model-large", "Answer like a pirate.")
+
+
+@pytest.mark.parametrize("body", [{"title": ""}, {"title": 5}, {"model": ""}])
+def test_a_bad_change_is_refused_and_changes_nothing(app, body):
+    session = app.client().hello()["session_id"]
+    status, _ = request(app, "PATCH", f"/api/conversations/{session}", body)
+    assert status == 422
+    record = app.get(f"/api/conversations/{session}")
+    assert record["title"] is None and record["model"] == "fake-model"
+
+
+def test_delete_stops_the_turn_tells_the_sockets_and_removes_everything(app, fake):
+    fake.queue(Reply(count=500, pace=0.02))
+    client = app.client()
+    session = client.hello()["session_id"]
+    client.send("message", content="doomed")
+    client.until("chunk")
+    status, _ = request(app, "DELETE", f"/api/conversations/{session}")
+    assert status == 204
+    frames = client.until("deleted")
+    assert frames[-1]["session_id"] == session
+    assert any(f["type"] == "turn_end" and f["status"] == "stopped" for f in frames)
+    assert request(app, "GET", f"/api/conversations/{session}")[0] == 404
+    client.send("hello", session_id=session)
+    assert client.recv()["code"] == "unknown_session"
+
+
+def test_unknown_conversations_are_404(app):
+    for method in ("GET", "PATCH", "DELETE"):
+        assert request(app, method, "/api/conversations/nope", {} if method == "PATCH" else None)[0] == 404
+
+
+def test_export_is_markdown_of_the_whole_conversation(app, fake):
+    fake.queue(Reply(tokens=["**bold** answer"]))
+    client = app.client()
+    session = client.hello()["session_id"]
+    client.turn("a question")
+    status, body = request(app, "GET", f"/api/conversations/{session}/export.md")
+    text = body.decode()
+    assert status == 200
+    assert text.startswith("# a question\n")
+    assert "## You\n\na question\n" in text and "## Assistant\n\n**bold** answer\n" in text
+
+
+def test_models_come_from_the_provider(app):
+    assert app.get("/api/models")["models"] == ["fake-model", "fake-model-large"]

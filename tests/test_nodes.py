@@ -1,0 +1,99 @@
+"""The flow and its nodes, run without any socket: a shared store in, frames in the channel out."""
+
+import asyncio
+import json
+from pathlib import Path
+
+from flow import create_chat_flow
+from tests.fake_openai import FakeOpenAI, Reply
+from utils.conversations import Conversation
+from utils.messages import ConversationRecord, Message
+from utils.openai_provider import OpenAIProvider
+from utils.prompt import build_prompt, estimate_tokens
+from utils.store import Store
+
+
+async def run_one_turn(fake: FakeOpenAI, db: Path, content: str, history: list[Message] | None = None):
+    store = Store(db)
+    store.open()
+    provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
+    record = ConversationRecord(model="fake-model", system_prompt="Be brief.")
+    await store.create_conversation(record)
+    conversation = Conversation(record, history or [])
+    turn = conversation.begin_message(content)
+    await store.save_messages(record.id, [turn.user_message, turn.reply])  # as main.run_turn does
+    shared = {
+        "conversation": conversation,
+        "turn": turn,
+        "channel": turn.log,
+        "llm": provider,
+        "store": store,
+        "context_budget": 1000,
+        "max_tokens": None,
+    }
+    await create_chat_flow(retries=2, retry_wait=0).run_async(shared)
+    conversation.end(turn)
+    frames = [json.loads(text) async for text in turn.log.follow(0)]
+    stored = await store.load(record.id)
+    await provider.aclose()
+    store.close()
+    return conversation, turn, frames, stored
+
+
+def test_the_flow_streams_into_the_channel_and_records_the_turn(fake, tmp_path):
+    fake.queue(Reply(tokens=["Hi", "!"]))
+    conversation, turn, frames, stored = asyncio.run(run_one_turn(fake, tmp_path / "c.db", "hello"))
+    assert [f["type"] for f in frames] == ["turn_start", "chunk", "chunk", "conversation"]
+    assert turn.reply.content == "Hi!" and turn.reply.status == "complete"
+    assert [m.content for m in conversation.history] == ["hello", "Hi!"]
+    record, messages = stored
+    assert [(m.role, m.content, m.status) for m in messages] == [
+        ("user", "hello", "complete"),
+        ("assistant", "Hi!", "complete"),
+    ]
+
+
+def test_the_title_node_names_a_new_conversation_once(fake, tmp_path):
+    _, _, frames, stored = asyncio.run(run_one_turn(fake, tmp_path / "c.db", "Plan a   trip\nto Rome"))
+    assert frames[-1] == {
+        "type": "conversation",
+        "session_id": stored[0].id,
+        "title": "Plan a trip to Rome",
+        "model": "fake-model",
+        "system_prompt": "Be brief.",
+    }
+    assert stored[0].title == "Plan a trip to Rome"
+
+
+def test_a_failed_turn_is_recorded_as_failed_not_left_dangling(fake, tmp_path):
+    fake.queue(Reply(status=400, message="bad request"))
+    _, turn, frames, stored = asyncio.run(run_one_turn(fake, tmp_path / "c.db", "hello"))
+    assert frames[-2]["type"] == "error" and "bad request" in frames[-2]["message"]
+    assert [(m.role, m.status) for m in stored[1]] == [("user", "complete"), ("assistant", "error")]
+    assert stored[1][1].error == turn.reply.error
+
+
+def test_the_prompt_keeps_the_newest_messages_that_fit():
+    history = [Message(role="user" if i % 2 == 0 else "assistant", content=f"message {i} " * 10) for i in range(10)]
+    per_message = estimate_tokens(history[0].content) + 4
+    prompt = build_prompt("sys", history, budget=estimate_tokens("sys") + 4 + 3 * per_message)
+    assert prompt[0] == {"role": "system", "content": "sys"}
+    # Three fit; the oldest of them is an assistant reply, which is dropped so the prompt opens with a user turn.
+    assert [m["content"] for m in prompt[1:]] == [history[8].content, history[9].content]
+
+
+def test_the_newest_message_is_kept_even_over_budget():
+    prompt = build_prompt("sys", [Message(role="user", content="x" * 10_000)], budget=10)
+    assert len(prompt) == 2
+
+
+def test_the_context_budget_trims_what_the_provider_receives(start_app, fake):
+    app = start_app("--context-budget", "60")
+    client = app.client()
+    client.hello()
+    for word in ("first", "second", "third"):
+        client.turn(f"{word} question " * 10)
+    sent = fake.chat_requests[-1]["json"]["messages"]
+    assert sent[0]["role"] == "system"
+    assert sent[-1]["content"].startswith("third question")
+    assert not any(m["content"].startswith("first") for m in sent)
