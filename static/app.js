@@ -1,1 +1,391 @@
-// page
+// The page: one conversation on screen, a sidebar of all of them, one WebSocket to the server.
+// docs/protocol.md is the contract for every frame handled here.
+import { Connection } from "./connection.js";
+import { copyCode } from "./markdown.js";
+import { Transcript } from "./transcript.js";
+
+const SESSION_KEY = "pocketchat.session";
+const $ = (id) => document.getElementById(id);
+
+const ui = {
+  input: $("input"), send: $("send"), composer: $("composer"), title: $("title"),
+  providerNote: $("provider-note"), modelPicker: $("model-picker"), exportLink: $("export"),
+  banner: $("banner"), bannerText: $("banner-text"), announcer: $("announcer"),
+  list: $("conversation-list"), sidebar: $("sidebar"), toggleSidebar: $("toggle-sidebar"),
+  promptDialog: $("system-prompt-dialog"), promptInput: $("system-prompt-input"),
+  deleteDialog: $("delete-dialog"), deleteTitle: $("delete-title"),
+};
+
+const state = {
+  sessionId: localStorage.getItem(SESSION_KEY),
+  conversation: null, // {title, model, system_prompt}
+  running: null, // {turnId, seq, view}
+  models: [],
+};
+
+const transcript = new Transcript($("transcript"), $("scroller"), $("jump"));
+const connection = new Connection(onFrame, helloFrame, showConnection);
+
+function helloFrame() {
+  return state.sessionId ? { type: "hello", session_id: state.sessionId } : { type: "hello" };
+}
+
+function announce(text) {
+  ui.announcer.textContent = text;
+}
+
+// ---- frames from the server ---------------------------------------------------------------
+
+const handlers = {
+  ready(frame) {
+    connection.confirmed();
+    state.sessionId = frame.session_id;
+    localStorage.setItem(SESSION_KEY, frame.session_id);
+    showConversation(frame);
+    showProvider(frame.provider);
+    state.running = null;
+    transcript.reset(frame.history);
+    if (frame.running) {
+      const view = transcript.append({
+        role: "assistant", content: frame.running.content, reasoning: frame.running.reasoning,
+        status: "streaming", id: frame.running.message_id,
+      });
+      state.running = { turnId: frame.running.turn_id, seq: frame.running.seq, view };
+    }
+    setStreaming(Boolean(state.running));
+    refreshSidebar();
+  },
+
+  turn_start(frame) {
+    if (transcript.find(frame.message.id)) transcript.truncateFrom(frame.message.id);
+    transcript.append(frame.message);
+    const view = transcript.append({ role: "assistant", content: "", status: "streaming" });
+    state.running = { turnId: frame.turn_id, seq: 0, view };
+    setStreaming(true);
+    announce("The assistant is replying.");
+  },
+
+  queued(frame) {
+    if (state.running?.turnId === frame.turn_id) transcript.update(state.running.view, { queued: frame.position });
+  },
+
+  chunk(frame) {
+    const running = state.running;
+    if (!running || running.turnId !== frame.turn_id || frame.seq <= running.seq) return; // already have it
+    if (frame.seq !== running.seq + 1) {
+      connection.send(helloFrame()); // a gap cannot happen on one socket; resync from the server if it does
+      return;
+    }
+    running.seq = frame.seq;
+    const m = running.view.message;
+    transcript.update(running.view, {
+      content: m.content + frame.content,
+      reasoning: m.reasoning + (frame.reasoning || ""),
+      queued: null,
+    });
+  },
+
+  turn_end(frame) {
+    const running = state.running;
+    if (!running || running.turnId !== frame.turn_id) return;
+    transcript.update(running.view, {
+      id: frame.message_id, status: frame.status, queued: null,
+      meta: { model: frame.model, usage: frame.usage, ttft_ms: frame.ttft_ms, tokens_per_second: frame.tokens_per_second },
+    });
+    state.running = null;
+    transcript.flush();
+    transcript.refreshActions();
+    setStreaming(false);
+    announce(frame.status === "complete" ? "The reply is complete." : `The reply ${frame.status === "error" ? "failed" : "was stopped"}.`);
+    refreshSidebar();
+  },
+
+  error(frame) {
+    if (frame.turn_id && state.running?.turnId === frame.turn_id) {
+      transcript.update(state.running.view, { error: frame.message });
+    } else {
+      showNotice(frame.message);
+    }
+    announce(`Error: ${frame.message}`);
+  },
+
+  conversation(frame) {
+    if (frame.session_id === state.sessionId) showConversation(frame);
+    refreshSidebar();
+  },
+
+  deleted(frame) {
+    if (frame.session_id === state.sessionId) newChat();
+    refreshSidebar();
+  },
+};
+
+function onFrame(frame) {
+  handlers[frame.type]?.(frame);
+}
+
+// ---- what the page shows ------------------------------------------------------------------
+
+function showConversation(frame) {
+  state.conversation = { title: frame.title, model: frame.model, system_prompt: frame.system_prompt };
+  ui.title.textContent = frame.title || "New chat";
+  document.title = frame.title ? `${frame.title} · PocketChat` : "PocketChat";
+  ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.session_id)}/export.md`;
+  fillModelPicker();
+}
+
+function showProvider(provider) {
+  if (provider.kind === "local") {
+    ui.providerNote.textContent = provider.demo
+      ? `${provider.model}: a small offline demo model. For real answers, point PocketChat at a bigger model: ` +
+        "set POCKETCHAT_BASE_URL (OpenAI, OpenRouter, Ollama, vLLM…) or --model-path (see the README)."
+      : `${provider.model}, running locally.`;
+  } else if (provider.kind === "unavailable") {
+    ui.providerNote.textContent = `No model can answer: ${provider.message} ` +
+      "Or set POCKETCHAT_BASE_URL and POCKETCHAT_API_KEY to use an OpenAI-compatible provider.";
+  } else {
+    ui.providerNote.textContent = `via ${provider.base_url}`;
+  }
+  ui.providerNote.classList.toggle("warning", provider.kind === "unavailable");
+}
+
+function showNotice(text) {
+  const view = transcript.append({ role: "assistant", content: "", status: "error", error: text });
+  view.root.classList.add("notice-only");
+}
+
+function setStreaming(streaming) {
+  ui.send.textContent = streaming ? "Stop" : "Send";
+  ui.send.classList.toggle("stop", streaming);
+  ui.send.setAttribute("aria-label", streaming ? "Stop the reply" : "Send message");
+}
+
+function showConnection({ connected, attempt, retryInMs }) {
+  ui.banner.hidden = connected;
+  if (!connected) {
+    const seconds = Math.ceil(retryInMs / 1000);
+    ui.bannerText.textContent = seconds > 0
+      ? `Connection lost. Reconnecting in ${seconds} s (attempt ${attempt})…`
+      : `Connection lost. Reconnecting (attempt ${attempt})…`;
+  }
+}
+
+function autosize() {
+  ui.input.style.height = "auto";
+  ui.input.style.height = `${Math.min(ui.input.scrollHeight, window.innerHeight * 0.4)}px`;
+}
+
+// ---- the sidebar --------------------------------------------------------------------------
+
+async function api(method, path, body) {
+  const response = await fetch(path, {
+    method, headers: body ? { "Content-Type": "application/json" } : {}, body: body ? JSON.stringify(body) : undefined,
+  });
+  if (!response.ok) throw new Error(`${method} ${path}: HTTP ${response.status}`);
+  return response.status === 204 ? null : response.json();
+}
+
+async function refreshSidebar() {
+  let conversations;
+  try {
+    ({ conversations } = await api("GET", "/api/conversations"));
+  } catch {
+    return; // the banner already says the server is unreachable
+  }
+  ui.list.replaceChildren(...conversations.map((c) => {
+    const item = document.createElement("li");
+    item.dataset.id = c.id;
+    const open = document.createElement("button");
+    open.type = "button";
+    open.className = "open";
+    open.textContent = c.title || "New chat";
+    if (c.id === state.sessionId) open.setAttribute("aria-current", "page");
+    const rename = document.createElement("button");
+    rename.type = "button";
+    rename.className = "rename icon";
+    rename.textContent = "✎";
+    rename.setAttribute("aria-label", `Rename “${c.title || "New chat"}”`);
+    const remove = document.createElement("button");
+    remove.type = "button";
+    remove.className = "delete icon";
+    remove.textContent = "✕";
+    remove.setAttribute("aria-label", `Delete “${c.title || "New chat"}”`);
+    item.append(open, rename, remove);
+    return item;
+  }));
+}
+
+function openConversation(id) {
+  if (id === state.sessionId) return;
+  state.sessionId = id;
+  connection.send({ type: "hello", session_id: id });
+  closeSidebarOnPhone();
+}
+
+function newChat() {
+  state.sessionId = null;
+  localStorage.removeItem(SESSION_KEY);
+  connection.send({ type: "hello" });
+  closeSidebarOnPhone();
+  ui.input.focus();
+}
+
+function startRename(item) {
+  const open = item.querySelector(".open");
+  const input = document.createElement("input");
+  input.className = "rename-input";
+  input.value = open.textContent;
+  input.setAttribute("aria-label", "New title");
+  open.replaceWith(input);
+  input.select();
+  let done = false;
+  const finish = async (save) => {
+    if (done) return;
+    done = true;
+    const title = input.value.trim();
+    if (save && title) await api("PATCH", `/api/conversations/${item.dataset.id}`, { title }).catch((e) => showNotice(e.message));
+    refreshSidebar();
+  };
+  input.addEventListener("keydown", (event) => {
+    if (event.key === "Enter") finish(true);
+    if (event.key === "Escape") finish(false);
+  });
+  input.addEventListener("blur", () => finish(true));
+}
+
+function confirmDelete(item) {
+  ui.deleteTitle.textContent = item.querySelector(".open")?.textContent || "New chat";
+  ui.deleteDialog.returnValue = "";
+  ui.deleteDialog.showModal();
+  ui.deleteDialog.addEventListener("close", async () => {
+    if (ui.deleteDialog.returnValue !== "delete") return;
+    await api("DELETE", `/api/conversations/${item.dataset.id}`).catch((e) => showNotice(e.message));
+    if (item.dataset.id === state.sessionId) newChat();
+    refreshSidebar();
+  }, { once: true });
+}
+
+function closeSidebarOnPhone() {
+  ui.sidebar.classList.remove("open");
+  ui.toggleSidebar.setAttribute("aria-expanded", "false");
+}
+
+// ---- the header: model and system prompt --------------------------------------------------
+
+async function loadModels() {
+  try {
+    ({ models: state.models } = await api("GET", "/api/models"));
+  } catch {
+    state.models = [];
+  }
+  fillModelPicker();
+}
+
+function fillModelPicker() {
+  const current = state.conversation?.model;
+  const models = [...new Set([...(current ? [current] : []), ...state.models])];
+  ui.modelPicker.replaceChildren(...models.map((model) => new Option(model, model, false, model === current)));
+  ui.modelPicker.disabled = models.length < 2;
+}
+
+function changeConversation(changes) {
+  if (!state.sessionId) return;
+  api("PATCH", `/api/conversations/${state.sessionId}`, changes).catch((e) => showNotice(e.message));
+}
+
+// ---- the composer -------------------------------------------------------------------------
+
+function submit() {
+  if (state.running) {
+    connection.send({ type: "stop", turn_id: state.running.turnId });
+    return;
+  }
+  const content = ui.input.value;
+  if (!content.trim()) return;
+  // The text leaves the box only once it is on its way: nothing typed is lost while offline.
+  if (connection.send({ type: "message", content })) {
+    ui.input.value = "";
+    autosize();
+  }
+}
+
+function startEdit(view) {
+  const box = document.createElement("textarea");
+  box.className = "edit-box";
+  box.value = view.message.content;
+  box.setAttribute("aria-label", "Edit your message");
+  const save = document.createElement("button");
+  save.type = "button";
+  save.className = "primary";
+  save.textContent = "Send edited";
+  const cancel = document.createElement("button");
+  cancel.type = "button";
+  cancel.textContent = "Cancel";
+  const editor = document.createElement("div");
+  editor.className = "editor";
+  editor.append(box, save, cancel);
+  view.body.hidden = true;
+  view.root.insertBefore(editor, view.body);
+  box.focus();
+  const close = () => { editor.remove(); view.body.hidden = false; };
+  cancel.addEventListener("click", close);
+  save.addEventListener("click", () => {
+    if (box.value.trim() && connection.send({ type: "edit", message_id: view.id, content: box.value })) close();
+  });
+  box.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); save.click(); }
+    if (event.key === "Escape") close();
+  });
+}
+
+// ---- wiring -------------------------------------------------------------------------------
+
+ui.composer.addEventListener("submit", (event) => { event.preventDefault(); submit(); });
+ui.input.addEventListener("keydown", (event) => {
+  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+    event.preventDefault();
+    submit();
+  }
+});
+ui.input.addEventListener("input", autosize);
+$("new-chat").addEventListener("click", newChat);
+$("reconnect-now").addEventListener("click", () => connection.reconnectNow());
+ui.toggleSidebar.addEventListener("click", () => {
+  const open = ui.sidebar.classList.toggle("open");
+  ui.toggleSidebar.setAttribute("aria-expanded", String(open));
+});
+ui.list.addEventListener("click", (event) => {
+  const button = event.target.closest("button");
+  const item = event.target.closest("li");
+  if (!button || !item) return;
+  if (button.classList.contains("open")) openConversation(item.dataset.id);
+  else if (button.classList.contains("rename")) startRename(item);
+  else if (button.classList.contains("delete")) confirmDelete(item);
+});
+$("transcript").addEventListener("click", (event) => {
+  const button = event.target.closest("button");
+  if (!button) return;
+  if (button.classList.contains("copy")) { copyCode(button); return; }
+  const view = transcript.find(button.closest(".message")?.dataset.id);
+  if (button.dataset.action === "regenerate") connection.send({ type: "regenerate" });
+  if (button.dataset.action === "edit" && view) startEdit(view);
+  if (button.dataset.action === "copy-reply" && view) navigator.clipboard.writeText(view.message.content).catch(() => {});
+});
+ui.modelPicker.addEventListener("change", () => changeConversation({ model: ui.modelPicker.value }));
+$("system-prompt-button").addEventListener("click", () => {
+  ui.promptInput.value = state.conversation?.system_prompt ?? "";
+  ui.promptDialog.showModal();
+});
+ui.promptDialog.addEventListener("close", () => {
+  if (ui.promptDialog.returnValue === "save") changeConversation({ system_prompt: ui.promptInput.value });
+});
+document.addEventListener("keydown", (event) => {
+  // Escape stops a streaming reply from anywhere on the page (unless a dialog or editor takes it).
+  if (event.key === "Escape" && state.running && !document.querySelector("dialog[open]") &&
+      !event.target.closest?.(".editor, .rename-input")) {
+    connection.send({ type: "stop", turn_id: state.running.turnId });
+  }
+});
+
+connection.open();
+loadModels();

@@ -1,0 +1,185 @@
+// The conversation on screen. Each message is one element that re-renders only when it changed,
+// at most once per animation frame; a long history is drawn newest first in small batches so the
+// page never freezes; the view sticks to the bottom while a reply streams unless the user scrolled up.
+import { renderMarkdown } from "./markdown.js";
+
+const BATCH = 25;
+const STICK_PX = 48;
+
+function element(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function describeMeta(meta) {
+  if (!meta || !meta.model) return "";
+  const parts = [meta.model];
+  if (meta.ttft_ms != null) parts.push(`${meta.ttft_ms} ms to first token`);
+  if (meta.tokens_per_second != null) parts.push(`${meta.tokens_per_second} tokens/s`);
+  if (meta.usage) {
+    const source = meta.usage.source === "provider" ? "" : ` (${meta.usage.source})`;
+    parts.push(`${meta.usage.prompt_tokens} in · ${meta.usage.completion_tokens} out${source}`);
+  }
+  return parts.join(" · ");
+}
+
+const STATUS_TEXT = {
+  stopped: "Stopped.",
+  interrupted: "Interrupted: the server stopped while this reply was being written.",
+  error: "This reply failed.",
+};
+
+class MessageView {
+  constructor(message) {
+    this.message = { reasoning: "", meta: null, error: null, status: "complete", ...message };
+    this.root = element("article", `message ${message.role}`);
+    this.root.dataset.role = message.role;
+    this.root.setAttribute("aria-label", message.role === "user" ? "You said" : "Assistant replied");
+    this.reasoning = element("details", "reasoning");
+    this.reasoning.append(element("summary", "", "Reasoning"), element("div", "reasoning-body"));
+    this.reasoning.hidden = true;
+    this.body = element("div", "body");
+    this.notice = element("p", "notice");
+    this.notice.hidden = true;
+    this.meta = element("p", "meta");
+    this.actions = element("div", "actions");
+    this.root.append(this.reasoning, this.body, this.notice, this.meta, this.actions);
+    this.renderedText = null;
+  }
+
+  get id() {
+    return this.message.id;
+  }
+
+  set(fields) {
+    Object.assign(this.message, fields);
+  }
+
+  /** Bring the element up to date with the message; cheap when only the text grew. */
+  render() {
+    const m = this.message;
+    this.root.dataset.id = m.id || "";
+    this.root.dataset.status = m.status;
+    this.root.setAttribute("aria-busy", m.status === "streaming" ? "true" : "false");
+    if (m.content !== this.renderedText) {
+      if (m.role === "user") this.body.textContent = m.content;
+      else renderMarkdown(this.body, m.content);
+      this.renderedText = m.content;
+    }
+    this.reasoning.hidden = !m.reasoning;
+    if (m.reasoning) this.reasoning.lastElementChild.textContent = m.reasoning;
+    const notice = m.queued ? `Waiting for the model (${m.queued} ahead)…` : m.error || STATUS_TEXT[m.status];
+    this.notice.hidden = !notice;
+    this.notice.textContent = notice || "";
+    this.notice.classList.toggle("error", Boolean(m.error) || m.status === "error");
+    this.meta.textContent = m.status === "streaming" ? "" : describeMeta(m.meta);
+  }
+}
+
+export class Transcript {
+  constructor(container, scroller, jumpButton) {
+    this.container = container;
+    this.scroller = scroller;
+    this.jumpButton = jumpButton;
+    this.views = [];
+    this.dirty = new Set();
+    this.frame = null;
+    this.generation = 0;
+    this.stuck = true;
+    scroller.addEventListener("scroll", () => {
+      this.stuck = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < STICK_PX;
+      this.jumpButton.hidden = this.stuck;
+    }, { passive: true });
+    jumpButton.addEventListener("click", () => this.scrollToEnd());
+  }
+
+  scrollToEnd() {
+    this.scroller.scrollTop = this.scroller.scrollHeight;
+    this.stuck = true;
+    this.jumpButton.hidden = true;
+  }
+
+  /** Replace everything with `history`, drawing it newest first in batches between frames. */
+  async reset(history) {
+    const generation = ++this.generation;
+    this.container.replaceChildren();
+    this.views = history.map((message) => new MessageView(message));
+    this.dirty.clear();
+    this.stuck = true;
+    this.jumpButton.hidden = true;
+    for (let end = this.views.length; end > 0; end -= BATCH) {
+      const batch = this.views.slice(Math.max(end - BATCH, 0), end);
+      for (const view of batch) view.render();
+      this.container.prepend(...batch.map((view) => view.root));
+      if (this.stuck) this.scrollToEnd();
+      await new Promise((resolve) => setTimeout(resolve, 0));
+      if (generation !== this.generation) return;
+    }
+    this.refreshActions();
+  }
+
+  find(id) {
+    return this.views.find((view) => view.id === id);
+  }
+
+  /** Remove the message `id` and everything after it (a regenerate or edit replaces them). */
+  truncateFrom(id) {
+    const index = this.views.findIndex((view) => view.id === id);
+    if (index < 0) return;
+    for (const view of this.views.splice(index)) {
+      view.root.remove();
+      this.dirty.delete(view);
+    }
+  }
+
+  append(message) {
+    const view = new MessageView(message);
+    this.views.push(view);
+    this.container.append(view.root);
+    view.render();
+    this.refreshActions();
+    if (this.stuck) this.scrollToEnd();
+    return view;
+  }
+
+  /** Change a message; it is drawn at the next animation frame, with any other change. */
+  update(view, fields) {
+    view.set(fields);
+    this.dirty.add(view);
+    if (this.frame === null) this.frame = requestAnimationFrame(() => this.flush());
+  }
+
+  flush() {
+    this.frame = null;
+    for (const view of this.dirty) view.render();
+    this.dirty.clear();
+    if (this.stuck) this.scrollToEnd();
+  }
+
+  /** Only the last user message can be edited and only the last reply regenerated. */
+  refreshActions() {
+    const lastUser = this.views.findLast((view) => view.message.role === "user");
+    const last = this.views.at(-1);
+    for (const view of this.views) {
+      const actions = [];
+      if (view === lastUser) actions.push(["edit", "Edit"]);
+      if (view === last && view.message.role === "assistant" && view.message.status !== "streaming") {
+        actions.push(["regenerate", view.message.status === "error" ? "Retry" : "Regenerate"]);
+      }
+      if (view.message.role === "assistant" && view.message.content && view.message.status !== "streaming") {
+        actions.push(["copy-reply", "Copy"]);
+      }
+      const key = actions.map(([name]) => name).join();
+      if (view.actions.dataset.key === key) continue;
+      view.actions.dataset.key = key;
+      view.actions.replaceChildren(...actions.map(([action, label]) => {
+        const button = element("button", "action", label);
+        button.type = "button";
+        button.dataset.action = action;
+        return button;
+      }));
+    }
+  }
+}
