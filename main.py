@@ -397,6 +397,8 @@ def main(argv: list[str]) -> None:
         port=settings.port,
         # Frames above our own limit get a `too_large` error; far larger ones are refused by uvicorn.
         ws_max_size=settings.max_frame_bytes * 4,
+        # Chat frames are small: compressing each one cost more CPU than it saved bandwidth.
+        ws_per_message_deflate=False,
         log_level=settings.log_level.lower(),
     )
 

@@ -75,9 +75,7 @@ class FakeOpenAI:
         finally:
             writer.close()
 
-    async def _exchange(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, carry: bytes
-    ) -> bytes | None:
+    async def _exchange(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, carry: bytes) -> bytes | None:
         """Serve one request (whose first bytes may have been read already); None closes the connection,
         bytes are the start of the next request."""
         head = carry + await reader.readuntil(b"\r\n\r\n")
@@ -216,10 +214,6 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=int, default=100)
     parser.add_argument("--pace-ms", type=float, default=20)
     args = parser.parse_args()
-    try:
-        import uvloop
+    import uvloop
 
-        uvloop.install()
-    except ImportError:
-        pass
-    asyncio.run(_serve(args.port, Reply(count=args.tokens, pace=args.pace_ms / 1000)))
+    uvloop.run(_serve(args.port, Reply(count=args.tokens, pace=args.pace_ms / 1000)))

@@ -46,7 +46,7 @@ def test_the_flow_streams_into_the_channel_and_records_the_turn(fake, tmp_path):
     assert [f["type"] for f in frames] == ["turn_start", "chunk", "chunk", "conversation"]
     assert turn.reply.content == "Hi!" and turn.reply.status == "complete"
     assert [m.content for m in conversation.history] == ["hello", "Hi!"]
-    record, messages = stored
+    _, messages = stored
     assert [(m.role, m.content, m.status) for m in messages] == [
         ("user", "hello", "complete"),
         ("assistant", "Hi!", "complete"),

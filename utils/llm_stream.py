@@ -7,13 +7,15 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from openai.types.chat import ChatCompletionChunk
-
 from utils.protocol import ProviderError
+
+# One chunk of an OpenAI chat completion stream, as JSON: {"choices": [{"delta": {...},
+# "finish_reason": ...}], "usage": {...} | None, ...}.
+Chunk = dict[str, Any]
 
 
 class ChatProvider(Protocol):
-    """What the chat node needs of a model: an OpenAI-shaped chunk stream, whoever produces it."""
+    """What the chat node needs of a model: a stream of OpenAI-shaped chunks, whoever produces it."""
 
     kind: str
     # "provider" when the stream carries the provider's usage, "counted" when the provider counts it itself.
@@ -25,7 +27,7 @@ class ChatProvider(Protocol):
         model: str,
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
-    ) -> AbstractAsyncContextManager[AsyncIterator[ChatCompletionChunk]]: ...
+    ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]: ...
 
     async def default_model(self) -> str: ...
 
@@ -64,22 +66,20 @@ async def stream_llm(
     async def consume() -> None:
         async with provider.open_stream(messages, model, max_tokens, on_queued) as chunks:
             async for chunk in chunks:
-                for choice in chunk.choices:
-                    delta = choice.delta
-                    content = delta.content or ""
+                for choice in chunk.get("choices") or ():
+                    delta = choice.get("delta") or {}
+                    content = delta.get("content") or ""
                     # DeepSeek, vLLM and llama.cpp send reasoning_content; OpenRouter sends reasoning.
-                    reasoning = getattr(delta, "reasoning_content", None) or getattr(delta, "reasoning", None)
+                    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
                     if content or reasoning:
                         if result.first_chunk_at is None:
                             result.first_chunk_at = time.monotonic()
                         on_chunk(content, reasoning)
-                    if choice.finish_reason:
-                        result.finish_reason = choice.finish_reason
-                if chunk.usage is not None:
+                    if choice.get("finish_reason"):
+                        result.finish_reason = choice["finish_reason"]
+                if usage := chunk.get("usage"):
                     result.usage = {
-                        "prompt_tokens": chunk.usage.prompt_tokens,
-                        "completion_tokens": chunk.usage.completion_tokens,
-                        "total_tokens": chunk.usage.total_tokens,
+                        key: int(usage.get(key) or 0) for key in ("prompt_tokens", "completion_tokens", "total_tokens")
                     }
 
     if stop.is_set():

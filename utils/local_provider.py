@@ -16,8 +16,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from openai.types.chat import ChatCompletionChunk
-
+from utils.llm_stream import Chunk
 from utils.protocol import ProviderError
 
 logger = logging.getLogger(__name__)
@@ -120,7 +119,7 @@ class LocalProvider:
         model: str,
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
-    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
+    ) -> AsyncIterator[AsyncIterator[Chunk]]:
         generation = _Generation(asyncio.get_running_loop())
         if self._waiting and on_queued is not None:
             on_queued(self._waiting)
@@ -141,11 +140,11 @@ class LocalProvider:
     def _count_done(self) -> None:
         self._waiting -= 1
 
-    async def _read(self, generation: _Generation) -> AsyncIterator[ChatCompletionChunk]:
+    async def _read(self, generation: _Generation) -> AsyncIterator[Chunk]:
         while (item := await generation.chunks.get()) is not _END:
             if isinstance(item, ProviderError):
                 raise item
-            yield ChatCompletionChunk.model_validate(item)
+            yield item
 
     def _generate(self, generation: _Generation, messages: list[dict[str, str]], max_tokens: int) -> None:
         """Runs on the worker thread: stream tokens until done or cancelled."""

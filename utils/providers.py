@@ -5,9 +5,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
-from openai.types.chat import ChatCompletionChunk
-
-from utils.llm_stream import ChatProvider
+from utils.llm_stream import ChatProvider, Chunk
 from utils.openai_provider import OpenAIProvider
 from utils.protocol import ProviderError
 from utils.settings import Settings
@@ -40,7 +38,7 @@ class UnavailableProvider:
         model: str,
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
-    ) -> AsyncIterator[AsyncIterator[ChatCompletionChunk]]:
+    ) -> AsyncIterator[AsyncIterator[Chunk]]:
         raise ProviderError(self.reason)
         yield  # pragma: no cover - makes this a generator
 

@@ -1,0 +1,206 @@
+"""Load benchmark: concurrent conversations through the whole app, against the fake provider read
+directly with the openai SDK (the baseline), in the same run.
+
+The fake streams 100 chunks 20 ms apart. For 1, 100 and 300 concurrent conversations it measures
+time to first chunk (p50, p99), wall time and chunks/s, checks that every reply arrived complete and
+in order, and prints app/baseline ratios (medians over the repetitions). Two baselines: `sdk` reads
+with chat.completions.create() (a pydantic object per chunk), `sdk-dict` reads plain dicts through
+the same SDK call the app makes, so it is the stricter one.
+
+    .venv/bin/python -m bench.load [--levels 1,100,300] [--repeat 3]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import uvloop
+import websockets
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENS = 100
+PACE_MS = 20
+EXPECTED = "".join(f"tok{i} " for i in range(1, TOKENS + 1))
+
+
+@dataclass
+class Run:
+    ttfts: list[float]
+    wall: float
+    chunks: int
+    failures: int
+
+    def p(self, q: float) -> float:
+        ordered = sorted(self.ttfts)
+        return ordered[min(int(q * len(ordered)), len(ordered) - 1)] * 1000 if ordered else float("nan")
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_http(url: str) -> None:
+    for _ in range(300):
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except OSError as error:
+            if getattr(error, "code", None):  # an HTTP error: the server is up
+                return
+            time.sleep(0.1)
+    raise RuntimeError(f"{url} did not come up")
+
+
+async def baseline(client: openai.AsyncOpenAI, n: int, as_dicts: bool) -> Run:
+    """Read the fake straight with the SDK: with chat.completions.create() (a pydantic object per
+    chunk), or as plain dicts the way OpenAIProvider reads it (`as_dicts`)."""
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+
+    async def one() -> tuple[float | None, int, bool]:
+        start = time.perf_counter()
+        first, text = None, []
+        if as_dicts:
+            stream = await client.post(
+                "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=openai.AsyncStream[dict]
+            )
+            pieces = (c["choices"][0]["delta"].get("content") async for c in stream if c["choices"])
+        else:
+            stream = await client.chat.completions.create(**body)
+            pieces = (c.choices[0].delta.content async for c in stream if c.choices)
+        async for piece in pieces:
+            if piece:
+                first = first or time.perf_counter() - start
+                text.append(piece)
+        return first, len(text), "".join(text) == EXPECTED
+
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+    return summarize(results, time.perf_counter() - start)
+
+
+async def through_app(ws_url: str, n: int) -> Run:
+    sockets = [await websockets.connect(ws_url, max_size=None) for _ in range(n)]
+    for ws in sockets:
+        await ws.send('{"type":"hello"}')
+        while json.loads(await ws.recv())["type"] != "ready":
+            pass
+
+    async def one(ws: websockets.ClientConnection) -> tuple[float | None, int, bool]:
+        start = time.perf_counter()
+        await ws.send('{"type":"message","content":"hi"}')
+        first, text, seqs = None, [], []
+        while True:
+            frame = json.loads(await ws.recv())
+            if frame["type"] == "chunk":
+                first = first or time.perf_counter() - start
+                text.append(frame["content"])
+                seqs.append(frame["seq"])
+            elif frame["type"] == "turn_end":
+                ok = frame["status"] == "complete" and seqs == list(range(1, TOKENS + 1))
+                return first, len(seqs), ok and "".join(text) == EXPECTED
+            elif frame["type"] == "error":
+                return first, len(seqs), False
+
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one(ws) for ws in sockets), return_exceptions=True)
+    wall = time.perf_counter() - start
+    await asyncio.gather(*(ws.close() for ws in sockets))
+    return summarize(results, wall)
+
+
+def summarize(results: list, wall: float) -> Run:
+    ttfts, chunks, failures = [], 0, 0
+    for result in results:
+        if isinstance(result, BaseException) or not result[2] or result[0] is None:
+            failures += 1
+            continue
+        ttfts.append(result[0])
+        chunks += result[1]
+    return Run(ttfts, wall, chunks, failures)
+
+
+async def measure(levels: list[int], repeat: int, fake_url: str, ws_url: str) -> None:
+    client = openai.AsyncOpenAI(base_url=fake_url, api_key="bench", max_retries=0)
+    print(f"fake provider: {TOKENS} chunks, {PACE_MS} ms apart; {repeat} repetitions, medians\n")
+    header = f"{'conv':>5} {'who':>9} {'p50 ttft':>9} {'p99 ttft':>9} {'wall s':>7} {'chunks/s':>9} {'failed':>6}"
+    print(header)
+    summary = []
+    for n in levels:
+        runs: dict[str, list[Run]] = {"sdk": [], "sdk-dict": [], "app": []}
+        for _ in range(repeat):
+            runs["sdk"].append(await baseline(client, n, as_dicts=False))
+            runs["sdk-dict"].append(await baseline(client, n, as_dicts=True))
+            runs["app"].append(await through_app(ws_url, n))
+        medians = {}
+        for who, rs in runs.items():
+            m = {
+                "p50": statistics.median(r.p(0.5) for r in rs),
+                "p99": statistics.median(r.p(0.99) for r in rs),
+                "wall": statistics.median(r.wall for r in rs),
+                "rate": statistics.median(r.chunks / r.wall for r in rs),
+                "failed": sum(r.failures for r in rs),
+            }
+            medians[who] = m
+            print(
+                f"{n:>5} {who:>9} {m['p50']:>7.1f}ms {m['p99']:>7.1f}ms {m['wall']:>7.2f}"
+                f" {m['rate']:>9.0f} {m['failed']:>6}"
+            )
+        summary.append((n, medians))
+    await client.close()
+    print("\nratios app/baseline (lower is better; target at 300: p99 ttft <= 2.0, wall <= 1.3, no failure)")
+    for baseline_name in ("sdk", "sdk-dict"):
+        for n, m in summary:
+            app, base = m["app"], m[baseline_name]
+            print(
+                f"vs {baseline_name:>8}, {n:>3} conversations: p50 ttft x{app['p50'] / base['p50']:.2f},"
+                f" p99 ttft x{app['p99'] / base['p99']:.2f}, wall x{app['wall'] / base['wall']:.2f},"
+                f" failures {app['failed']}"
+            )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--levels", default="1,100,300")
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    fake_port, app_port = free_port(), free_port()
+    fake_url = f"http://127.0.0.1:{fake_port}/v1"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with tempfile.TemporaryDirectory() as tmp:
+        fake = subprocess.Popen(
+            [sys.executable, "-m", "tests.fake_openai", "--port", str(fake_port), "--tokens", str(TOKENS),
+             "--pace-ms", str(PACE_MS)],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        app = subprocess.Popen(
+            [sys.executable, "main.py", "--port", str(app_port), "--base-url", fake_url, "--api-key", "bench",
+             "--model", "fake-model", "--db-path", f"{tmp}/bench.db", "--log-level", "warning"],
+            cwd=ROOT, env=env,
+        )  # fmt: skip
+        try:
+            wait_http(f"{fake_url}/models")
+            wait_http(f"http://127.0.0.1:{app_port}/healthz")
+            levels = [int(level) for level in args.levels.split(",")]
+            uvloop.run(measure(levels, args.repeat, fake_url, f"ws://127.0.0.1:{app_port}/ws"))
+        finally:
+            app.terminate()
+            fake.terminate()
+            app.wait()
+            fake.wait()
+
+
+if __name__ == "__main__":
+    main()
