@@ -367,6 +367,7 @@ def create_app(settings: Settings) -> FastAPI:
             logger.warning("marked %d replies cut short by an earlier crash as interrupted", interrupted)
         provider = make_provider(settings)
         app.state.chat = state = AppState(settings, store, provider)
+        warming = asyncio.create_task(provider.warm_up())
         logger.info("serving with provider %s, database %s", provider.kind, settings.db_path)
         try:
             yield
@@ -376,6 +377,7 @@ def create_app(settings: Settings) -> FastAPI:
             for turn in turns:
                 turn.stop.set()
             await asyncio.gather(*(t.task for t in turns if t.task is not None), return_exceptions=True)
+            await asyncio.gather(warming, return_exceptions=True)
             await provider.aclose()
             store.close()
 

@@ -29,6 +29,9 @@ class ChatProvider(Protocol):
         on_queued: Callable[[int], object] | None = None,
     ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]: ...
 
+    async def warm_up(self) -> None:
+        """Get ready for the first turn (load weights); called once at start-up, in the background."""
+
     async def default_model(self) -> str: ...
 
     async def list_models(self) -> list[str]: ...

@@ -11,7 +11,7 @@ import importlib.util
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -61,16 +61,29 @@ def verify_weights(path: Path, size: int | None, sha256: str | None) -> None:
             raise LocalModelMissing(f"{path} does not match its checksum: it is damaged. Reinstall it: {INSTALL_HINT}")
 
 
-class _Generation:
-    """One queued generation: the worker feeds chunks to the event loop through `chunks`."""
+class LocalStream:
+    """One generation: the worker thread feeds its chunks to the event loop, which iterates them."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self.chunks: asyncio.Queue[Any] = asyncio.Queue()
         self.cancelled = threading.Event()
+        self.produced = 0  # tokens the worker generated, read once `work` is done
+        self.work: Future[None] | None = None
 
     def put(self, item: Any) -> None:
         self.loop.call_soon_threadsafe(self.chunks.put_nowait, item)
+
+    def __aiter__(self) -> "LocalStream":
+        return self
+
+    async def __anext__(self) -> Chunk:
+        item = await self.chunks.get()
+        if item is _END:
+            raise StopAsyncIteration
+        if isinstance(item, ProviderError):
+            raise item
+        return item
 
 
 class LocalProvider:
@@ -110,7 +123,10 @@ class LocalProvider:
             logger.info("loaded %s", self.path.name)
 
     async def warm_up(self) -> None:
-        await asyncio.get_running_loop().run_in_executor(self._worker, self.load)
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._worker, self.load)
+        except Exception:
+            logger.exception("could not load %s", self.path)  # each turn will say so too
 
     @asynccontextmanager
     async def open_stream(
@@ -119,18 +135,18 @@ class LocalProvider:
         model: str,
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
-    ) -> AsyncIterator[AsyncIterator[Chunk]]:
-        generation = _Generation(asyncio.get_running_loop())
+    ) -> AsyncIterator[LocalStream]:
+        stream = LocalStream(asyncio.get_running_loop())
         if self._waiting and on_queued is not None:
             on_queued(self._waiting)
         self._waiting += 1
-        work = self._worker.submit(self._generate, generation, messages, max_tokens or self.max_tokens)
+        stream.work = self._worker.submit(self._generate, stream, messages, max_tokens or self.max_tokens)
         try:
-            yield self._read(generation)
+            yield stream
         finally:
             # However the reader leaves (done, stop, failure), the worker stops after the current token.
-            generation.cancelled.set()
-            work.add_done_callback(lambda _: self._release(generation.loop))
+            stream.cancelled.set()
+            stream.work.add_done_callback(lambda _: self._release(stream.loop))
 
     def _release(self, loop: asyncio.AbstractEventLoop) -> None:
         # Runs on the worker thread; the count belongs to the event loop.
@@ -140,16 +156,10 @@ class LocalProvider:
     def _count_done(self) -> None:
         self._waiting -= 1
 
-    async def _read(self, generation: _Generation) -> AsyncIterator[Chunk]:
-        while (item := await generation.chunks.get()) is not _END:
-            if isinstance(item, ProviderError):
-                raise item
-            yield item
-
-    def _generate(self, generation: _Generation, messages: list[dict[str, str]], max_tokens: int) -> None:
+    def _generate(self, generation: LocalStream, messages: list[dict[str, str]], max_tokens: int) -> None:
         """Runs on the worker thread: stream tokens until done or cancelled."""
         if generation.cancelled.is_set():
-            return
+            return  # its reader left while it waited in the queue
         try:
             self.load()
             extra = {} if self.temperature is None else {"temperature": self.temperature}
@@ -160,6 +170,7 @@ class LocalProvider:
                 for chunk in stream:
                     if generation.cancelled.is_set():
                         return
+                    generation.produced += 1
                     text.append(chunk["choices"][0]["delta"].get("content") or "")
                     last = chunk
                     generation.put(chunk)

@@ -47,6 +47,9 @@ class OpenAIProvider:
         """What the page shows about who answers."""
         return {"kind": self.kind, "base_url": self.base_url, "local": False}
 
+    async def warm_up(self) -> None:
+        return None  # nothing to load; the model list is asked for on first use
+
     async def default_model(self) -> str:
         if self._model is None:
             models = await self.list_models()

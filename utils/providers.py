@@ -25,6 +25,9 @@ class UnavailableProvider:
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "local": False, "message": self.reason}
 
+    async def warm_up(self) -> None:
+        return None
+
     async def default_model(self) -> str:
         raise ProviderError(self.reason)
 
