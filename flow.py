@@ -1,4 +1,4 @@
-"""The graph of a chat turn: stream the reply, then title the conversation if it has no title yet."""
+"""The graph of a chat turn: name the conversation if it has no title yet, then stream the reply."""
 
 from pocketflow import AsyncFlow
 
@@ -7,7 +7,7 @@ from nodes import StreamChat, TitleConversation
 
 def create_chat_flow(retries: int = 3, retry_wait: float = 0.5) -> AsyncFlow:
     """One turn. `retries`/`wait` apply only until the first chunk is sent (see StreamChat.exec_async)."""
-    chat = StreamChat(max_retries=retries, wait=retry_wait)
     title = TitleConversation()
-    chat >> title
-    return AsyncFlow(start=chat)
+    chat = StreamChat(max_retries=retries, wait=retry_wait)
+    title >> chat
+    return AsyncFlow(start=title)

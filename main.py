@@ -54,7 +54,7 @@ class AppState:
                 model = await self.provider.default_model()
             except ProviderError:
                 model = ""  # resolved again when the first turn runs, where the error is shown
-        return await self.hub.create(model, self.settings.system_prompt)
+        return self.hub.create(model, self.settings.system_prompt)
 
 
 def chat_state(app: FastAPI) -> AppState:
@@ -85,6 +85,7 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn) -> N
         # The user message and an empty reply marked `streaming` are stored before anything streams,
         # so a crash leaves a turn that start-up can mark interrupted.
         replaced = [m.id for m in turn.replaced]
+        await state.hub.ensure_stored(conversation)
         await state.store.save_messages(conversation.id, [turn.user_message, turn.reply], delete_ids=replaced)
         await create_chat_flow(settings.retries, settings.retry_wait).run_async(shared)
     except Exception:
@@ -102,7 +103,7 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn) -> N
             turn.id,
             conversation.id[:6],
             reply.status,
-            turn.log.snapshot()["seq"],
+            turn.log.seq,
             stats["ttft_ms"],
             (time.monotonic() - turn.started_at) * 1000,
             (stats["usage"] or {}).get("completion_tokens"),
@@ -156,14 +157,14 @@ class Client:
         async with self._sending:
             await self.websocket.send_text(text)
 
-    def follow(self, log: TurnLog, position: int) -> None:
-        self._following = asyncio.create_task(self._follow(log, position, self._following))
+    def follow(self, log: TurnLog, after_seq: int) -> None:
+        self._following = asyncio.create_task(self._follow(log, after_seq, self._following))
 
-    async def _follow(self, log: TurnLog, position: int, previous: asyncio.Task[None] | None) -> None:
+    async def _follow(self, log: TurnLog, after_seq: int, previous: asyncio.Task[None] | None) -> None:
         if previous is not None:
             await previous  # the previous turn's frames go first; cancelling this cancels it too
         try:
-            async for text in log.follow(position):
+            async for text in log.follow(after_seq):
                 await self._send_text(text)
         except (WebSocketDisconnect, RuntimeError, OSError):
             pass  # the socket is gone; the receive loop cleans up
@@ -186,9 +187,9 @@ class Client:
         hub = self.state.hub
         conversation = await hub.open(session_id) if session_id else await self.state.new_conversation()
         self.attach(conversation)
-        frame, log, position = conversation.ready_frame(self.state.provider.describe())
+        frame, log, after_seq = conversation.ready_frame(self.state.provider.describe())
         if log is not None:
-            self.follow(log, position)
+            self.follow(log, after_seq)
         await self.send(frame)
         return conversation
 
@@ -317,6 +318,7 @@ async def change_conversation(request: Request, conversation_id: str, changes: C
         record = conversation.record
         for name, value in changes.model_dump(exclude_none=True).items():
             setattr(record, name, value.strip() if name == "title" else value)
+        await state.hub.ensure_stored(conversation)
         await state.store.update_conversation(record)
         await conversation.broadcast(protocol.conversation(record.id, record.title, record.model, record.system_prompt))
         return record.to_wire()
@@ -336,7 +338,8 @@ async def delete_conversation(request: Request, conversation_id: str) -> None:
     for subscriber in list(conversation.subscribers):
         subscriber.detach()
     state.hub.forget(conversation.id)
-    await state.store.delete_conversation(conversation.id)
+    if conversation.stored:
+        await state.store.delete_conversation(conversation.id)
 
 
 @router.get("/api/conversations/{conversation_id}/export.md", response_class=PlainTextResponse)

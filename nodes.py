@@ -66,7 +66,7 @@ class StreamChat(AsyncNode):
             )
         except ProviderError as error:
             # Raising lets PocketFlow retry after `wait`, which is safe only while nothing was sent.
-            if error.retryable and request.channel.snapshot()["seq"] == 0:
+            if error.retryable and request.channel.seq == 0:
                 raise
             return ChatOutcome("error", error=error)
         return ChatOutcome("stopped" if result.stopped else "complete", result=result)

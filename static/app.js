@@ -9,7 +9,7 @@ const $ = (id) => document.getElementById(id);
 
 const ui = {
   input: $("input"), send: $("send"), composer: $("composer"), title: $("title"),
-  providerNote: $("provider-note"), modelPicker: $("model-picker"), exportLink: $("export"),
+  providerNote: $("provider-note"), promptSummary: $("system-prompt-summary"), modelPicker: $("model-picker"), exportLink: $("export"),
   banner: $("banner"), bannerText: $("banner-text"), announcer: $("announcer"),
   list: $("conversation-list"), sidebar: $("sidebar"), toggleSidebar: $("toggle-sidebar"),
   promptDialog: $("system-prompt-dialog"), promptInput: $("system-prompt-input"),
@@ -101,6 +101,10 @@ const handlers = {
   },
 
   error(frame) {
+    if (frame.code === "unknown_session") {
+      newChat(); // it was deleted, or never got a message before the server restarted
+      return;
+    }
     if (frame.turn_id && state.running?.turnId === frame.turn_id) {
       transcript.update(state.running.view, { error: frame.message });
     } else {
@@ -129,6 +133,7 @@ function onFrame(frame) {
 function showConversation(frame) {
   state.conversation = { title: frame.title, model: frame.model, system_prompt: frame.system_prompt };
   ui.title.textContent = frame.title || "New chat";
+  ui.promptSummary.textContent = frame.system_prompt ? `System prompt: ${frame.system_prompt}` : "No system prompt";
   document.title = frame.title ? `${frame.title} · PocketChat` : "PocketChat";
   ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.session_id)}/export.md`;
   fillModelPicker();
@@ -162,6 +167,7 @@ function setStreaming(streaming) {
 
 function showConnection({ connected, attempt, retryInMs }) {
   ui.banner.hidden = connected;
+  ui.send.disabled = !connected; // what is typed stays in the box until the server is back
   if (!connected) {
     const seconds = Math.ceil(retryInMs / 1000);
     ui.bannerText.textContent = seconds > 0

@@ -19,7 +19,7 @@ async def run_one_turn(fake: FakeOpenAI, db: Path, content: str, history: list[M
     provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
     record = ConversationRecord(model="fake-model", system_prompt="Be brief.")
     await store.create_conversation(record)
-    conversation = Conversation(record, history or [])
+    conversation = Conversation(record, history or [])  # stored just above
     turn = conversation.begin_message(content)
     await store.save_messages(record.id, [turn.user_message, turn.reply])  # as main.run_turn does
     shared = {
@@ -43,7 +43,7 @@ async def run_one_turn(fake: FakeOpenAI, db: Path, content: str, history: list[M
 def test_the_flow_streams_into_the_channel_and_records_the_turn(fake, tmp_path):
     fake.queue(Reply(tokens=["Hi", "!"]))
     conversation, turn, frames, stored = asyncio.run(run_one_turn(fake, tmp_path / "c.db", "hello"))
-    assert [f["type"] for f in frames] == ["turn_start", "chunk", "chunk", "conversation"]
+    assert [f["type"] for f in frames] == ["turn_start", "conversation", "chunk", "chunk"]
     assert turn.reply.content == "Hi!" and turn.reply.status == "complete"
     assert [m.content for m in conversation.history] == ["hello", "Hi!"]
     _, messages = stored
@@ -55,7 +55,7 @@ def test_the_flow_streams_into_the_channel_and_records_the_turn(fake, tmp_path):
 
 def test_the_title_node_names_a_new_conversation_once(fake, tmp_path):
     _, _, frames, stored = asyncio.run(run_one_turn(fake, tmp_path / "c.db", "Plan a   trip\nto Rome"))
-    assert frames[-1] == {
+    assert frames[1] == {
         "type": "conversation",
         "session_id": stored[0].id,
         "title": "Plan a trip to Rome",
@@ -68,7 +68,8 @@ def test_the_title_node_names_a_new_conversation_once(fake, tmp_path):
 def test_a_failed_turn_is_recorded_as_failed_not_left_dangling(fake, tmp_path):
     fake.queue(Reply(status=400, message="bad request"))
     _, turn, frames, stored = asyncio.run(run_one_turn(fake, tmp_path / "c.db", "hello"))
-    assert frames[-2]["type"] == "error" and "bad request" in frames[-2]["message"]
+    error = next(f for f in frames if f["type"] == "error")
+    assert "bad request" in error["message"]
     assert [(m.role, m.status) for m in stored[1]] == [("user", "complete"), ("assistant", "error")]
     assert stored[1][1].error == turn.reply.error
 

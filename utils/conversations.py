@@ -22,8 +22,8 @@ logger = logging.getLogger(__name__)
 class Subscriber(Protocol):
     """A socket attached to a conversation."""
 
-    def follow(self, log: TurnLog, position: int) -> None:
-        """Send the log's frames from `position` on, after whatever this subscriber is sending now."""
+    def follow(self, log: TurnLog, after_seq: int) -> None:
+        """Send the log's frames after chunk `after_seq`, once whatever this subscriber is sending is sent."""
 
     async def send(self, frame: dict[str, Any]) -> None: ...
 
@@ -45,9 +45,12 @@ class Turn:
 
 
 class Conversation:
-    def __init__(self, record: ConversationRecord, history: list[Message]) -> None:
+    def __init__(self, record: ConversationRecord, history: list[Message], stored: bool = True) -> None:
         self.record = record
         self.history = history
+        # A new conversation is stored with its first turn or change, so that opening the page or
+        # pressing New chat leaves no empty conversations behind.
+        self.stored = stored
         self.subscribers: set[Subscriber] = set()
         self.turn: Turn | None = None
 
@@ -56,7 +59,7 @@ class Conversation:
         return self.record.id
 
     def ready_frame(self, provider: dict[str, Any]) -> tuple[dict[str, Any], TurnLog | None, int]:
-        """The `ready` frame, and the log and position to follow from so that nothing is lost or repeated."""
+        """The `ready` frame, and the log and seq to follow after, so that nothing is lost or repeated."""
         running = self.turn.log.snapshot() if self.turn else None
         # The running turn's reply reaches the client as `running`, never also as history.
         reply_id = self.turn.reply.id if self.turn else None
@@ -74,7 +77,7 @@ class Conversation:
         )
         if self.turn is None or running is None:
             return frame, None, 0
-        return frame, self.turn.log, running["seq"] + 1
+        return frame, self.turn.log, running["seq"]
 
     def _begin(self, user_message: Message, replaced: list[Message]) -> Turn:
         if self.turn is not None:
@@ -109,7 +112,8 @@ class Conversation:
         last_user = self._last_user_index()
         if self.history[last_user].id != message_id:
             raise protocol.BadFrame("Only the last user message can be edited.")
-        edited = Message(role="user", content=content)
+        # Same id: clients replace the message they have with this one and drop the replies after it.
+        edited = Message(role="user", content=content, id=message_id)
         return self._begin(edited, self.history[last_user:])
 
     def _last_user_index(self) -> int:
@@ -144,12 +148,17 @@ class Hub:
     def running_turns(self) -> list[Turn]:
         return [c.turn for c in self._live.values() if c.turn is not None]
 
-    async def create(self, model: str, system_prompt: str) -> Conversation:
-        record = ConversationRecord(model=model, system_prompt=system_prompt)
-        await self.store.create_conversation(record)
-        conversation = Conversation(record, [])
-        self._live[record.id] = conversation
+    def create(self, model: str, system_prompt: str) -> Conversation:
+        """A new conversation, in memory until `ensure_stored`."""
+        conversation = Conversation(ConversationRecord(model=model, system_prompt=system_prompt), [], stored=False)
+        self._live[conversation.id] = conversation
         return conversation
+
+    async def ensure_stored(self, conversation: Conversation) -> None:
+        if not conversation.stored:
+            # Marked first: the writer runs jobs in order, so later writes land after this insert.
+            conversation.stored = True
+            await self.store.create_conversation(conversation.record)
 
     async def open(self, conversation_id: str) -> Conversation:
         if (live := self._live.get(conversation_id)) is not None:

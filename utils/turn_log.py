@@ -1,15 +1,18 @@
 """A turn's ordered log of frames: the one path every socket reads a turn from.
 
-Entry 0 is `turn_start`, entries 1..n are the chunks (an entry's position is the chunk's `seq`),
-then come any `error` and the final `turn_end`. A socket follows the log from a position: the
-socket that started the turn from 0, a socket that arrives mid-turn from the snapshot it was given.
-Each frame is encoded once, whatever the number of sockets.
+Chunk `seq` k is entry `(k, 0)`; any other frame gets the key `(k, n)`, where k is the number of
+chunks before it and n counts the frames since chunk k: `turn_start` is `(0, 1)`, an `error` after
+chunk 12 is `(12, 1)`, `turn_end` comes last. A socket follows the log *after a seq*: the socket
+that started the turn after 0 (everything), a socket that arrives mid-turn after the seq of the
+snapshot it got in `ready`. Each frame is encoded once, whatever the number of sockets.
 
-`InProcessTurnLog` keeps the log in memory. A shared implementation (a Redis stream per turn,
-entry id = position) can serve several replicas behind the same interface.
+`InProcessTurnLog` keeps the log in memory. A shared one can serve several replicas behind the same
+interface: a Redis stream per turn, named by the turn id, whose entry ids are these keys
+(`XADD turn:<id> <k>-<n>`, `XREAD ... turn:<id> <seq>-0`).
 """
 
 import asyncio
+import bisect
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -19,8 +22,12 @@ from utils import protocol
 class TurnLog(Protocol):
     turn_id: str
 
+    @property
+    def seq(self) -> int:
+        """The number of chunks so far."""
+
     def append(self, frame: dict[str, Any]) -> None:
-        """Add a non-chunk frame (turn_start, error, turn_end, ...)."""
+        """Add a frame that is not a chunk (turn_start, queued, conversation, error, turn_end)."""
 
     def append_chunk(self, content: str, reasoning: str | None = None) -> int:
         """Add the next chunk and return its seq."""
@@ -28,8 +35,8 @@ class TurnLog(Protocol):
     def snapshot(self) -> dict[str, Any]:
         """The reply so far: {turn_id, seq, content, reasoning}."""
 
-    def follow(self, position: int) -> AsyncIterator[str]:
-        """The encoded frames from `position` on, waiting for new ones, until the log is closed."""
+    def follow(self, after_seq: int) -> AsyncIterator[str]:
+        """The encoded frames that came after chunk `after_seq`, waiting for new ones, until the log closes."""
 
     def close(self) -> None:
         """No more entries; followers stop after the last one."""
@@ -39,27 +46,36 @@ class InProcessTurnLog:
     def __init__(self, turn_id: str) -> None:
         self.turn_id = turn_id
         self._entries: list[str] = []
+        self._keys: list[tuple[int, int]] = []
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._seq = 0
+        self._since_chunk = 0
         self._closed = False
         self._grown = asyncio.Event()
 
-    def _push(self, text: str) -> None:
+    @property
+    def seq(self) -> int:
+        return self._seq
+
+    def _push(self, key: tuple[int, int], text: str) -> None:
+        self._keys.append(key)
         self._entries.append(text)
         # Wake the followers waiting now; the next waiters get a fresh event.
         self._grown.set()
         self._grown = asyncio.Event()
 
     def append(self, frame: dict[str, Any]) -> None:
-        self._push(protocol.encode(frame))
+        self._since_chunk += 1
+        self._push((self._seq, self._since_chunk), protocol.encode(frame))
 
     def append_chunk(self, content: str, reasoning: str | None = None) -> int:
         self._seq += 1
+        self._since_chunk = 0
         self._content.append(content)
         if reasoning:
             self._reasoning.append(reasoning)
-        self._push(protocol.encode(protocol.chunk(self.turn_id, self._seq, content, reasoning)))
+        self._push((self._seq, 0), protocol.encode(protocol.chunk(self.turn_id, self._seq, content, reasoning)))
         return self._seq
 
     def snapshot(self) -> dict[str, Any]:
@@ -70,15 +86,8 @@ class InProcessTurnLog:
             "reasoning": "".join(self._reasoning),
         }
 
-    @property
-    def content(self) -> str:
-        return "".join(self._content)
-
-    @property
-    def reasoning(self) -> str:
-        return "".join(self._reasoning)
-
-    async def follow(self, position: int) -> AsyncIterator[str]:
+    async def follow(self, after_seq: int) -> AsyncIterator[str]:
+        position = bisect.bisect_right(self._keys, (after_seq, 0))
         while True:
             while position < len(self._entries):
                 yield self._entries[position]

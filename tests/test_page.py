@@ -1,0 +1,340 @@
+"""The page in real headless Chromium (Debian's, driven by playwright) against the app and the fake."""
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect, sync_playwright
+
+from tests.conftest import AppProcess
+from tests.fake_openai import FakeOpenAI, Reply
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run"]  # fmt: skip
+MARKDOWN_REPLY = [
+    "Here is a table:\n\n",
+    "| fruit | count |\n",
+    "|---|---|\n",
+    "| apple | 3 |\n\n",
+    "```python\n",
+    "print('copy me')\n",
+    "```\n",
+]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    # Module scope: sync playwright holds an event loop on this thread until it stops.
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+class PageUnderTest:
+    """A browser context on the app, recording every request, dialog and script error."""
+
+    def __init__(self, browser: Browser, app: AppProcess, **context: object) -> None:
+        self.app = app
+        self.context = browser.new_context(base_url=app.url, **context)
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.dialogs: list[str] = []
+
+    def open(self) -> Page:
+        page = self.context.new_page()
+        page.on("request", lambda request: self.requests.append(request.url))
+        page.on("pageerror", lambda error: self.errors.append(str(error)))
+        page.on("dialog", lambda dialog: (self.dialogs.append(dialog.message), dialog.dismiss()))
+        page.goto("/")
+        expect(page.locator("#send")).to_be_enabled()  # connected: the server answered `ready`
+        return page
+
+
+@pytest.fixture
+def pages(browser: Browser, app: AppProcess) -> Iterator[PageUnderTest]:
+    under_test = PageUnderTest(browser, app, permissions=["clipboard-read", "clipboard-write"])
+    yield under_test
+    under_test.context.close()
+    assert under_test.errors == []
+
+
+@pytest.fixture
+def page(pages: PageUnderTest) -> Page:
+    return pages.open()
+
+
+def send(page: Page, text: str) -> None:
+    page.locator("#input").fill(text)
+    page.locator("#input").press("Enter")
+
+
+def replies(page: Page):
+    return page.locator(".message.assistant:not(.notice-only)")
+
+
+def wait_done(page: Page, count: int = 1) -> None:
+    expect(page.locator(".message.assistant[data-status=streaming]")).to_have_count(0, timeout=20_000)
+    expect(replies(page)).to_have_count(count)
+    expect(page.locator("#send")).to_have_text("Send")
+
+
+def test_a_reply_streams_in_as_markdown_with_a_working_copy_button(page: Page, fake: FakeOpenAI):
+    fake.queue(Reply(tokens=MARKDOWN_REPLY, pace=0.03))
+    send(page, "Show me a table and some code")
+    expect(page.locator("#send")).to_have_text("Stop")
+    wait_done(page)
+    reply = replies(page).last
+    expect(reply.locator("table td").first).to_have_text("apple")
+    expect(reply.locator("pre code.hljs.language-python")).to_contain_text("print('copy me')")
+    reply.locator("pre button.copy").click()
+    expect(reply.locator("pre button.copy")).to_have_text("Copied")
+    assert page.evaluate("navigator.clipboard.readText()") == "print('copy me')\n"
+    expect(reply.locator(".meta")).to_contain_text("fake-model")
+    expect(reply.locator(".meta")).to_contain_text("tokens/s")
+    expect(page.locator(".message.user .body")).to_have_text("Show me a table and some code")
+
+
+XSS = (
+    '<img src=x onerror="window.pwned=1"> <script>window.pwned=2</script> '
+    '[click me](javascript:window.pwned=3) <a href="javascript:window.pwned=4">raw link</a> '
+    '<iframe src="http://127.0.0.1:9/frame"></iframe> ![tracker](http://127.0.0.1:9/pixel.png) '
+    '<svg onload="window.pwned=5"></svg> <style>body{background:url(http://127.0.0.1:9/bg.png)}</style>'
+)
+
+
+def test_markup_from_the_model_or_the_user_runs_nothing_and_loads_nothing(pages: PageUnderTest, fake: FakeOpenAI):
+    page = pages.open()
+    fake.queue(Reply(tokens=[XSS[i : i + 40] for i in range(0, len(XSS), 40)]))
+    send(page, XSS)
+    wait_done(page)
+    for link in page.locator("#transcript a").all():
+        link.click(modifiers=["Shift"]) if link.get_attribute("href") else link.click()
+    transcript = page.locator("#transcript")
+    expect(transcript.locator("img, script, iframe, svg, style")).to_have_count(0)
+    expect(transcript.locator("a[href^='javascript' i]")).to_have_count(0)
+    expect(page.locator(".message.user .body")).to_have_text(XSS)
+    assert page.evaluate("window.pwned") is None
+    assert pages.dialogs == []
+    assert all(url.startswith(pages.app.url) for url in pages.requests), pages.requests
+
+
+def test_reload_in_the_middle_of_a_reply_ends_with_the_same_transcript(pages: PageUnderTest, fake: FakeOpenAI):
+    fake.queue(Reply(count=80, pace=0.025))
+    reloaded = pages.open()
+    send(reloaded, "Tell me a long story")
+    expect(replies(reloaded).last.locator(".body")).to_contain_text("tok10")
+    undisturbed = pages.open()  # same browser storage: it opens the same conversation mid-reply
+    reloaded.reload()
+    expect(reloaded.locator(".message.assistant[data-status=streaming]")).to_have_count(1)
+    wait_done(reloaded)
+    wait_done(undisturbed)
+    final = reloaded.locator("#transcript").inner_text()
+    assert final == undisturbed.locator("#transcript").inner_text()
+    assert "tok1 tok2" in final and "tok80" in final
+
+
+def test_stop_ends_the_reply_and_keeps_what_came(page: Page, fake: FakeOpenAI):
+    fake.queue(Reply(count=500, pace=0.02))
+    send(page, "Go on and on")
+    expect(replies(page).last.locator(".body")).to_contain_text("tok3")
+    page.locator("#send").click()
+    wait_done(page)
+    expect(replies(page).last).to_have_attribute("data-status", "stopped")
+    expect(replies(page).last.locator(".notice")).to_have_text("Stopped.")
+    assert fake.hangups == 1
+
+
+def test_regenerate_replaces_the_last_reply(page: Page, fake: FakeOpenAI):
+    fake.queue(Reply(tokens=["first answer"]), Reply(tokens=["second answer"]))
+    send(page, "question")
+    wait_done(page)
+    replies(page).last.get_by_role("button", name="Regenerate").click()
+    expect(replies(page).last.locator(".body")).to_have_text("second answer")
+    wait_done(page)
+    expect(page.locator(".message.user")).to_have_count(1)
+
+
+def test_edit_and_resend_the_last_message(page: Page, fake: FakeOpenAI):
+    fake.queue(Reply(tokens=["about cats"]), Reply(tokens=["about dogs"]))
+    send(page, "tell me about cats")
+    wait_done(page)
+    page.locator(".message.user").get_by_role("button", name="Edit").click()
+    page.get_by_label("Edit your message").fill("tell me about dogs")
+    page.get_by_role("button", name="Send edited").click()
+    expect(page.locator(".message.user .body")).to_have_text("tell me about dogs")
+    expect(replies(page).last.locator(".body")).to_have_text("about dogs")
+    wait_done(page)
+    assert fake.chat_requests[-1]["json"]["messages"][-1]["content"] == "tell me about dogs"
+
+
+def test_switching_away_from_a_streaming_conversation_and_back(page: Page, fake: FakeOpenAI):
+    fake.queue(Reply(count=150, pace=0.02), Reply(tokens=["quick"]))
+    send(page, "the long one")
+    expect(replies(page).last.locator(".body")).to_contain_text("tok2")
+    page.locator("#new-chat").click()
+    expect(page.locator(".message")).to_have_count(0)
+    send(page, "the short one")
+    wait_done(page)
+    page.locator("#conversation-list .open", has_text="the long one").click()
+    expect(page.locator("#title")).to_have_text("the long one")
+    expect(replies(page).last).to_have_attribute("data-status", "streaming")
+    wait_done(page)
+    expect(replies(page).last.locator(".body")).to_contain_text("tok150")
+
+
+def test_rename_and_delete_from_the_sidebar(page: Page):
+    send(page, "keep me")
+    wait_done(page)
+    page.locator("#new-chat").click()
+    send(page, "delete me")
+    wait_done(page)
+    items = page.locator("#conversation-list li")
+    expect(items).to_have_count(2)
+    page.get_by_role("button", name="Rename “keep me”").click()
+    page.get_by_label("New title").fill("Renamed")
+    page.get_by_label("New title").press("Enter")
+    expect(page.locator("#conversation-list .open", has_text="Renamed")).to_have_count(1)
+    page.get_by_role("button", name="Delete “delete me”").click()
+    page.locator("#delete-dialog").get_by_role("button", name="Delete").click()
+    expect(items).to_have_count(1)
+    expect(page.locator("#title")).to_have_text("New chat")
+
+
+def test_a_provider_error_shows_in_place_with_a_retry_that_works(page: Page, fake: FakeOpenAI):
+    fake.queue(Reply(status=400, message="Model is overloaded in a strange way"), Reply(tokens=["recovered"]))
+    send(page, "hi")
+    wait_done(page)
+    failed = replies(page).last
+    expect(failed.locator(".notice.error")).to_contain_text("Model is overloaded in a strange way")
+    failed.get_by_role("button", name="Retry").click()
+    expect(replies(page).last.locator(".body")).to_have_text("recovered")
+    wait_done(page)
+
+
+def test_reasoning_streams_collapsed_above_the_reply_and_stays(page: Page, fake: FakeOpenAI):
+    fake.queue(Reply(reasoning=["Let me ", "think."], tokens=["Answer."]))
+    send(page, "why?")
+    wait_done(page)
+    reasoning = replies(page).last.locator("details.reasoning")
+    expect(reasoning).to_be_visible()
+    assert reasoning.get_attribute("open") is None
+    reasoning.locator("summary").click()
+    expect(reasoning.locator(".reasoning-body")).to_have_text("Let me think.")
+    page.reload()
+    expect(replies(page).last.locator(".reasoning-body")).to_have_text("Let me think.", use_inner_text=False)
+
+
+def test_model_picker_and_system_prompt_belong_to_the_conversation(page: Page, fake: FakeOpenAI):
+    send(page, "first")
+    wait_done(page)
+    picker = page.get_by_label("Model")
+    expect(picker.locator("option")).to_have_count(2)
+    picker.select_option("fake-model-large")
+    page.get_by_role("button", name="System prompt").click()
+    page.locator("#system-prompt-input").fill("Talk like a pirate.")
+    page.locator("#system-prompt-dialog").get_by_role("button", name="Save").click()
+    expect(page.locator("#system-prompt-summary")).to_have_text("System prompt: Talk like a pirate.")
+    send(page, "second")
+    wait_done(page, count=2)
+    sent = fake.chat_requests[-1]["json"]
+    assert sent["model"] == "fake-model-large" and sent["messages"][0]["content"] == "Talk like a pirate."
+    page.reload()
+    expect(page.get_by_label("Model")).to_have_value("fake-model-large")
+    expect(page.locator("#system-prompt-summary")).to_have_text("System prompt: Talk like a pirate.")
+
+
+def test_the_connection_banner_shows_while_the_server_is_down_and_nothing_is_lost(pages: PageUnderTest):
+    page = pages.open()
+    send(page, "before the outage")
+    wait_done(page)
+    pages.app.stop()
+    expect(page.locator("#banner")).to_be_visible()
+    expect(page.locator("#banner-text")).to_contain_text(re.compile(r"Reconnecting .*attempt \d"))
+    page.locator("#input").fill("typed while offline")
+    page.locator("#input").press("Enter")
+    pages.app.start()
+    page.get_by_role("button", name="Reconnect now").click()
+    expect(page.locator("#banner")).to_be_hidden(timeout=20_000)
+    expect(page.locator("#input")).to_have_value("typed while offline")
+    expect(page.locator(".message.user .body")).to_have_text(["before the outage"])
+    page.locator("#input").press("Enter")
+    wait_done(page, count=2)
+    pages.errors.clear()  # the browser logs the refused reconnection attempts
+
+
+def test_keyboard_only_send_stop_and_new_chat(page: Page, fake: FakeOpenAI):
+    fake.queue(Reply(count=300, pace=0.02))
+
+    def tab_to(selector: str) -> None:
+        for _ in range(40):
+            page.keyboard.press("Tab")
+            if page.evaluate("(s) => document.activeElement.matches(s)", selector):
+                return
+        raise AssertionError(f"Tab never reached {selector}")
+
+    tab_to("#input")
+    page.keyboard.type("typed with the keyboard")
+    page.keyboard.press("Enter")
+    expect(replies(page).last.locator(".body")).to_contain_text("tok2")
+    tab_to("#send")
+    outline = page.evaluate("getComputedStyle(document.activeElement).outlineStyle")
+    assert outline != "none"  # focus is visible
+    page.keyboard.press("Enter")
+    wait_done(page)
+    expect(replies(page).last).to_have_attribute("data-status", "stopped")
+    tab_to("#new-chat")
+    page.keyboard.press("Enter")
+    expect(page.locator(".message")).to_have_count(0)
+    expect(page.locator("#input")).to_be_focused()
+
+
+def test_screen_readers_hear_a_reply_start_and_end_not_every_token(page: Page, fake: FakeOpenAI):
+    fake.queue(Reply(count=40, pace=0.02))
+    expect(page.locator("#transcript")).to_have_attribute("aria-live", "polite")
+    send(page, "hello")
+    expect(page.locator("#announcer")).to_have_text("The assistant is replying.")
+    expect(replies(page).last).to_have_attribute("aria-busy", "true")
+    wait_done(page)
+    expect(replies(page).last).to_have_attribute("aria-busy", "false")
+    expect(page.locator("#announcer")).to_have_text("The reply is complete.")
+
+
+def test_dark_theme_and_phone_layout(browser: Browser, app: AppProcess):
+    dark = PageUnderTest(browser, app, color_scheme="dark").open()
+    background = dark.evaluate("getComputedStyle(document.body).backgroundColor")
+    dark.context.close()
+    phone_context = PageUnderTest(browser, app, viewport={"width": 390, "height": 844}, is_mobile=True)
+    phone = phone_context.open()
+    assert background != phone.evaluate("getComputedStyle(document.body).backgroundColor")
+    sidebar = phone.locator("#sidebar")
+    assert sidebar.bounding_box()["x"] < 0  # off screen until asked for
+    phone.get_by_role("button", name="Show conversations").click()
+    expect(phone.locator("#toggle-sidebar")).to_have_attribute("aria-expanded", "true")
+    expect(sidebar).to_be_in_viewport(ratio=0.9)
+    phone_context.context.close()
+
+
+def test_export_downloads_the_conversation_as_markdown(page: Page, fake: FakeOpenAI):
+    fake.queue(Reply(tokens=["exported answer"]))
+    send(page, "export me")
+    wait_done(page)
+    with page.expect_download() as download:
+        page.get_by_role("link", name="Export").click()
+    text = Path(download.value.path()).read_text()
+    assert "## You\n\nexport me" in text and "exported answer" in text
+
+
+def test_a_long_history_renders_every_message(page: Page, app: AppProcess, fake: FakeOpenAI):
+    client = app.client()
+    session = page.evaluate("localStorage.getItem('pocketchat.session')")
+    client.hello(session)
+    for index in range(30):
+        client.turn(f"message {index}")
+    page.reload()
+    expect(page.locator(".message")).to_have_count(60)
+    expect(page.locator(".message.user .body").first).to_have_text("message 0")

@@ -1,0 +1,47 @@
+"""The turn log: positions are seqs, and following after a seq loses and repeats nothing."""
+
+import asyncio
+import json
+
+from utils.turn_log import InProcessTurnLog
+
+
+def test_following_after_a_seq_gives_exactly_what_came_after_that_chunk():
+    async def scenario():
+        log = InProcessTurnLog("t1")
+        log.append({"type": "turn_start"})
+        assert [log.append_chunk(text) for text in ("a", "b")] == [1, 2]
+        log.append({"type": "conversation"})  # a frame between chunk 2 and chunk 3
+        log.append_chunk("c")
+        log.append({"type": "turn_end"})
+        log.close()
+        return [
+            [json.loads(t)["type"] + str(json.loads(t).get("seq", "")) async for t in log.follow(n)] for n in (0, 2, 3)
+        ]
+
+    everything, after_two, after_three = asyncio.run(scenario())
+    assert everything == ["turn_start", "chunk1", "chunk2", "conversation", "chunk3", "turn_end"]
+    assert after_two == ["conversation", "chunk3", "turn_end"]
+    assert after_three == ["turn_end"]
+
+
+def test_a_follower_waits_for_new_entries_until_the_log_closes():
+    async def scenario():
+        log = InProcessTurnLog("t2")
+        seen = []
+
+        async def follow():
+            async for text in log.follow(0):
+                seen.append(json.loads(text)["seq"])
+
+        follower = asyncio.create_task(follow())
+        for text in "xyz":
+            await asyncio.sleep(0)
+            log.append_chunk(text)
+        log.close()
+        await asyncio.wait_for(follower, 1)
+        return seen, log.snapshot()
+
+    seen, snapshot = asyncio.run(scenario())
+    assert seen == [1, 2, 3]
+    assert snapshot == {"turn_id": "t2", "seq": 3, "content": "xyz", "reasoning": ""}
