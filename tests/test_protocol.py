@@ -267,6 +267,14 @@ def test_a_refused_connection_is_a_provider_error(start_app, fake):
     assert "Could not reach the provider at http://127.0.0.1:9/v1" in error["message"]
 
 
+def test_a_keyless_endpoint_gets_no_authorization_header(start_app, fake):
+    app = start_app(env={"POCKETCHAT_API_KEY": ""})
+    client = app.client()
+    assert client.hello()["model"] == "fake-model"
+    assert client.turn("hi")[-1]["status"] == "complete"
+    assert all("authorization" not in request["headers"] for request in fake.requests)
+
+
 # Rule 6: bad input changes nothing
 
 

@@ -28,8 +28,9 @@ class OpenAIProvider:
         temperature: float | None = None,
     ) -> None:
         # One client per process: it pools connections. The SDK's own retries are off because the
-        # chat node retries, and only before the first chunk. Keyless local servers get no
-        # Authorization header at all rather than a made-up key.
+        # chat node retries, and only before the first chunk. Keyless servers (Ollama, vLLM,
+        # llama.cpp) get no Authorization header at all rather than a made-up key: the SDK wants
+        # that said on every request.
         self.client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=api_key,
@@ -38,6 +39,7 @@ class OpenAIProvider:
             _enforce_credentials=False,
         )
         self._api_key = api_key
+        self._headers: dict[str, Any] = {} if api_key else {"Authorization": openai.Omit()}
         self._model = model
         self.temperature = temperature
         self.idle_limit = idle_limit
@@ -60,7 +62,7 @@ class OpenAIProvider:
 
     async def list_models(self) -> list[str]:
         try:
-            return [model.id async for model in self.client.models.list()]
+            return [model.id async for model in self.client.models.list(extra_headers=self._headers)]
         except openai.OpenAIError as error:
             raise self.translate(error) from None
 
@@ -91,7 +93,12 @@ class OpenAIProvider:
             # of the server's CPU under load; cast_to=object keeps its HTTP, SSE, auth and errors but
             # yields each chunk as the plain dict the provider sent.
             stream = await self.client.post(
-                "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=openai.AsyncStream[Chunk]
+                "/chat/completions",
+                body=body,
+                cast_to=object,
+                stream=True,
+                stream_cls=openai.AsyncStream[Chunk],
+                options={"headers": self._headers},
             )
         except openai.OpenAIError as error:
             raise self.translate(error) from None

@@ -1,0 +1,128 @@
+"""Page benchmark: open a 500-message conversation and scroll through it in headless Chromium,
+recording long tasks (main-thread tasks over 50 ms) with the browser's PerformanceObserver.
+Target: no long task over 200 ms. The baseline, in the same run, opens a 2-message conversation.
+
+    .venv/bin/python -m bench.page_long_chat [--messages 500] [--repeat 3]
+"""
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from playwright.sync_api import Page, expect, sync_playwright
+
+from bench.load import free_port, wait_http
+from utils.messages import ConversationRecord, Message
+from utils.store import Store
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--no-first-run"]  # fmt: skip
+REPLY = """Here is what I found about item {i}:
+
+1. **First**, a point with `inline code` and a [link](https://example.org/{i}).
+2. *Second*, a longer sentence that wraps across the line on a narrow screen, to give layout some work.
+
+| key | value |
+|-----|-------|
+| id  | {i}   |
+
+```python
+def item_{i}(x: int) -> int:
+    return x * {i}
+```
+"""
+OBSERVE_LONG_TASKS = """
+window.__longTasks = [];
+new PerformanceObserver((list) => {
+  for (const entry of list.getEntries()) window.__longTasks.push(entry.duration);
+}).observe({ type: "longtask", buffered: true });
+"""
+
+
+def make_conversation(db: Path, messages: int) -> str:
+    async def write() -> str:
+        store = Store(db)
+        store.open()
+        record = ConversationRecord(model="bench-model", system_prompt="", title=f"{messages} messages")
+        await store.create_conversation(record)
+        history = [
+            Message(role="user", content=f"Question {i}: tell me about item {i}.")
+            if i % 2 == 0
+            else Message(role="assistant", content=REPLY.format(i=i), meta={"model": "bench-model"})
+            for i in range(messages)
+        ]
+        await store.save_messages(record.id, history)
+        store.close()
+        return record.id
+
+    return asyncio.run(write())
+
+
+def measure(page: Page, url: str, session: str, messages: int) -> list[float]:
+    """Open the conversation, wait for every message, scroll to the top and back; the long tasks seen."""
+    page.add_init_script(f"localStorage.setItem('pocketchat.session', {session!r});" + OBSERVE_LONG_TASKS)
+    page.goto(url)
+    expect(page.locator(".message")).to_have_count(messages, timeout=60_000)
+    for fraction in [i / 10 for i in range(10, -1, -1)] + [i / 10 for i in range(11)]:
+        page.evaluate(f"(s => s.scrollTop = s.scrollHeight * {fraction})(document.getElementById('scroller'))")
+        page.wait_for_timeout(60)
+    page.wait_for_timeout(300)
+    return page.evaluate("window.__longTasks")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=500)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    port = free_port()
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "page.db"
+        long_chat = make_conversation(db, args.messages)
+        short_chat = make_conversation(db, 2)
+        server = subprocess.Popen(
+            [sys.executable, "main.py", "--port", str(port), "--db-path", str(db), "--base-url", "http://127.0.0.1:9/v1",
+             "--model", "bench-model", "--log-level", "warning"],
+            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        try:
+            wait_http(f"http://127.0.0.1:{port}/healthz")
+            results: dict[str, list[list[float]]] = {"2 messages": [], f"{args.messages} messages": []}
+            with sync_playwright() as playwright:
+                browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+                for _ in range(args.repeat):
+                    for name, session, count in (
+                        ("2 messages", short_chat, 2),
+                        (f"{args.messages} messages", long_chat, args.messages),
+                    ):
+                        context = browser.new_context()
+                        results[name].append(measure(context.new_page(), f"http://127.0.0.1:{port}/", session, count))
+                        context.close()
+                browser.close()
+        finally:
+            server.terminate()
+            server.wait()
+    print(f"long tasks (> 50 ms) while opening and scrolling, {args.repeat} runs each, medians\n")
+    longest = {}
+    for name, runs in results.items():
+        longest[name] = statistics.median(max(run, default=0.0) for run in runs)
+        count = statistics.median(len(run) for run in runs)
+        total = statistics.median(sum(run) for run in runs)
+        print(f"{name:>13}: longest {longest[name]:6.0f} ms, {count:3.0f} long tasks, {total:6.0f} ms in long tasks")
+    worst = max(max(run, default=0.0) for run in results[f"{args.messages} messages"])
+    print(f"\nlongest task of any {args.messages}-message run: {worst:.0f} ms (target: none over 200 ms)")
+    base = longest["2 messages"]
+    if base:
+        print(
+            f"ratio of longest tasks, {args.messages} / 2 messages: x{longest[f'{args.messages} messages'] / base:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
