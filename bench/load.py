@@ -52,6 +52,16 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
+def start_app(port: int, db: str, *args: str) -> subprocess.Popen[bytes]:
+    """`python main.py` on `port` with database `db`, ready to serve."""
+    server = subprocess.Popen(
+        [sys.executable, "main.py", "--port", str(port), "--db-path", db, "--log-level", "warning", *args],
+        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    wait_http(f"http://127.0.0.1:{port}/healthz")
+    return server
+
+
 def wait_http(url: str) -> None:
     for _ in range(300):
         try:
@@ -185,20 +195,17 @@ def main() -> None:
              "--pace-ms", str(PACE_MS)],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
         )  # fmt: skip
-        app = subprocess.Popen(
-            [sys.executable, "main.py", "--port", str(app_port), "--base-url", fake_url, "--api-key", "bench",
-             "--model", "fake-model", "--db-path", f"{tmp}/bench.db", "--log-level", "warning"],
-            cwd=ROOT, env=env,
-        )  # fmt: skip
         try:
             wait_http(f"{fake_url}/models")
-            wait_http(f"http://127.0.0.1:{app_port}/healthz")
+            app = start_app(
+                app_port, f"{tmp}/bench.db", "--base-url", fake_url, "--api-key", "bench", "--model", "fake-model"
+            )
             levels = [int(level) for level in args.levels.split(",")]
             uvloop.run(measure(levels, args.repeat, fake_url, f"ws://127.0.0.1:{app_port}/ws"))
-        finally:
             app.terminate()
-            fake.terminate()
             app.wait()
+        finally:
+            fake.terminate()
             fake.wait()
 
 

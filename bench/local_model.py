@@ -7,10 +7,7 @@ medians over alternating repetitions; and the peak memory of the server process.
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -18,7 +15,7 @@ from pathlib import Path
 import llama_cpp
 from websockets.sync.client import connect
 
-from bench.load import free_port, wait_http
+from bench.load import free_port, start_app
 from utils.local_provider import CONTEXT_TOKENS, default_model_path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,13 +68,10 @@ def main() -> None:
     args = parser.parse_args()
     port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        server = subprocess.Popen(
-            [sys.executable, "main.py", "--provider", "local", "--port", str(port), "--db-path", f"{tmp}/b.db",
-             "--temperature", "0", "--max-tokens", str(args.max_tokens), "--log-level", "warning"],
-            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+        server = start_app(
+            port, f"{tmp}/b.db", "--provider", "local", "--temperature", "0", "--max-tokens", str(args.max_tokens)
+        )
         try:
-            wait_http(f"http://127.0.0.1:{port}/healthz")
             llama = llama_cpp.Llama(str(default_model_path()), n_ctx=CONTEXT_TOKENS, n_threads=2, verbose=False)
             through_app(f"ws://127.0.0.1:{port}/ws")  # warm both: weights loaded, caches filled
             direct(llama, args.max_tokens)

@@ -7,22 +7,18 @@ Target: no long task over 200 ms. The baseline, in the same run, opens a 2-messa
 
 import argparse
 import asyncio
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 from playwright.sync_api import Page, expect, sync_playwright
 
-from bench.load import free_port, wait_http
+from bench.load import free_port, start_app
+from tests import chromium
 from utils.messages import ConversationRecord, Message
 from utils.store import Store
 
 ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run"]  # fmt: skip
 REPLY = """Here is what I found about item {i}:
 
 1. **First**, a point with `inline code` and a [link](https://example.org/{i}).
@@ -86,16 +82,11 @@ def main() -> None:
         db = Path(tmp) / "page.db"
         long_chat = make_conversation(db, args.messages)
         short_chat = make_conversation(db, 2)
-        server = subprocess.Popen(
-            [sys.executable, "main.py", "--port", str(port), "--db-path", str(db), "--base-url", "http://127.0.0.1:9/v1",
-             "--model", "bench-model", "--log-level", "warning"],
-            cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )  # fmt: skip
+        server = start_app(port, str(db), "--base-url", "http://127.0.0.1:9/v1", "--model", "bench-model")
         try:
-            wait_http(f"http://127.0.0.1:{port}/healthz")
             results: dict[str, list[list[float]]] = {"2 messages": [], f"{args.messages} messages": []}
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+                browser = chromium.launch(playwright)
                 for _ in range(args.repeat):
                     for name, session, count in (
                         ("2 messages", short_chat, 2),

@@ -7,14 +7,12 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect, sync_playwright
 
+from tests import chromium
 from tests.conftest import AppProcess
 from tests.fake_openai import FakeOpenAI, Reply
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--no-first-run"]  # fmt: skip
 MARKDOWN_REPLY = [
     "Here is a table:\n\n",
     "| fruit | count |\n",
@@ -30,9 +28,9 @@ MARKDOWN_REPLY = [
 def browser() -> Iterator[Browser]:
     # Module scope: sync playwright holds an event loop on this thread until it stops.
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield chromium
-        chromium.close()
+        browser = chromium.launch(playwright)
+        yield browser
+        browser.close()
 
 
 class PageUnderTest:
