@@ -336,3 +336,21 @@ def test_a_long_history_renders_every_message(page: Page, app: AppProcess, fake:
     page.reload()
     expect(page.locator(".message")).to_have_count(60)
     expect(page.locator(".message.user .body").first).to_have_text("message 0")
+
+
+def test_the_view_sticks_to_the_bottom_unless_the_user_scrolls_up(page: Page, fake: FakeOpenAI):
+    fake.queue(Reply(tokens=[f"line {i}\n\n" for i in range(400)], pace=0.01))
+    send(page, "a very long answer")
+    expect(replies(page).last.locator(".body")).to_contain_text("line 60")
+    at_bottom = "(s => s.scrollHeight - s.scrollTop - s.clientHeight < 48)(document.getElementById('scroller'))"
+    assert page.evaluate(at_bottom)
+    jump = page.get_by_role("button", name="Jump to latest ↓")
+    expect(jump).to_be_hidden()
+    page.locator("#scroller").evaluate("s => s.scrollTop = 0")
+    expect(jump).to_be_visible()
+    page.wait_for_timeout(300)
+    assert page.locator("#scroller").evaluate("s => s.scrollTop") == 0  # the stream did not pull the view down
+    jump.click()
+    expect(jump).to_be_hidden()
+    assert page.evaluate(at_bottom)
+    wait_done(page)

@@ -3,6 +3,7 @@
 import json
 import time
 
+import psutil
 import pytest
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
@@ -328,3 +329,66 @@ def test_conversation_ids_are_random_and_long(app):
     ids = {client.hello()["session_id"] for _ in range(50)}
     assert len(ids) == 50
     assert all(len(i) >= 22 and i.replace("-", "").replace("_", "").isalnum() for i in ids)
+
+
+def test_the_server_binds_to_loopback_unless_told_otherwise(app):
+    listening = {c.laddr.ip for c in psutil.Process(app.process.pid).net_connections() if c.status == "LISTEN"}
+    assert listening == {"127.0.0.1"}
+
+
+# Protocol additions: regenerate, edit, reasoning
+
+
+def test_regenerate_replaces_the_last_reply_in_a_new_turn(app, fake):
+    fake.queue(Reply(tokens=["first"]), Reply(tokens=["second"]))
+    client = app.client()
+    session = client.hello()["session_id"]
+    question = client.turn("question")[0]["message"]
+    client.send("regenerate")
+    frames = client.until("turn_end")
+    assert frames[0]["type"] == "turn_start" and frames[0]["message"]["id"] == question["id"]
+    assert reply_text(frames) == "second"
+    history = app.client().hello(session)["history"]
+    assert [(m["role"], m["content"]) for m in history] == [("user", "question"), ("assistant", "second")]
+    assert [m["content"] for m in fake.chat_requests[-1]["json"]["messages"][1:]] == ["question"]
+
+
+def test_edit_replaces_the_last_user_message_and_its_reply(app, fake):
+    fake.queue(Reply(tokens=["about cats"]), Reply(tokens=["about dogs"]))
+    client = app.client()
+    session = client.hello()["session_id"]
+    original = client.turn("cats?")[0]["message"]
+    client.send("edit", message_id=original["id"], content="dogs?")
+    frames = client.until("turn_end")
+    assert frames[0]["message"] == {**original, "content": "dogs?"}
+    history = app.client().hello(session)["history"]
+    assert [(m["role"], m["content"]) for m in history] == [("user", "dogs?"), ("assistant", "about dogs")]
+
+
+def test_regenerate_and_edit_refuse_what_they_cannot_do(app, fake):
+    client = app.client()
+    client.hello()
+    client.send("regenerate")
+    assert client.recv()["code"] == "nothing_to_regenerate"
+    first = client.turn("one")[0]["message"]
+    client.turn("two")
+    client.send("edit", message_id=first["id"], content="changed")
+    error = client.recv()
+    assert error["code"] == "bad_frame" and "last user message" in error["message"]
+    fake.queue(Reply(count=50, pace=0.02))
+    client.send("message", content="three")
+    client.until("chunk")
+    client.send("regenerate")
+    assert [f["code"] for f in client.until("turn_end") if f["type"] == "error"] == ["turn_in_progress"]
+
+
+def test_reasoning_streams_in_chunks_and_stays_in_the_history(app, fake):
+    fake.queue(Reply(reasoning=["Let me ", "think."], tokens=["Done."]))
+    client = app.client()
+    session = client.hello()["session_id"]
+    frames = client.turn("why?")
+    reasoning = [f["reasoning"] for f in frames if f["type"] == "chunk" and "reasoning" in f]
+    assert reasoning == ["Let me ", "think."]
+    assert reply_text(frames) == "Done."
+    reply = app.client().hello(session)["history"][1]
+    assert (reply["reasoning"], reply["content"]) == ("Let me think.", "Done.")
