@@ -80,19 +80,19 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn) -> N
         "context_budget": settings.context_budget,
         "max_tokens": settings.max_tokens,
     }
+    # The user message and an empty reply marked `streaming` are queued for the database first, so a
+    # crash leaves a turn that start-up marks interrupted. Waiting for that write would delay the
+    # first chunk under load; every later write of the turn is queued after it anyway.
+    opened = state.hub.open_turn(conversation, turn)
     checkpoints = asyncio.create_task(checkpoint_reply(state.store, conversation.id, turn))
     try:
-        # The user message and an empty reply marked `streaming` are stored before anything streams,
-        # so a crash leaves a turn that start-up can mark interrupted.
-        replaced = [m.id for m in turn.replaced]
-        await state.hub.ensure_stored(conversation)
-        await state.store.save_messages(conversation.id, [turn.user_message, turn.reply], delete_ids=replaced)
         await create_chat_flow(settings.retries, settings.retry_wait).run_async(shared)
     except Exception:
         logger.exception("turn %s failed", turn.id)
         await fail_turn(state, conversation, turn)
     finally:
         checkpoints.cancel()
+        await asyncio.gather(opened, return_exceptions=True)  # a failed write is logged by the store
         reply = turn.reply
         stats = {k: reply.meta.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
         turn.log.append(protocol.turn_end(turn.id, reply.status, reply.id, stats))

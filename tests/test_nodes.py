@@ -21,7 +21,7 @@ async def run_one_turn(fake: FakeOpenAI, db: Path, content: str, history: list[M
     await store.create_conversation(record)
     conversation = Conversation(record, history or [])  # stored just above
     turn = conversation.begin_message(content)
-    await store.save_messages(record.id, [turn.user_message, turn.reply])  # as main.run_turn does
+    await store.open_turn(record.id, None, [turn.user_message, turn.reply], [])  # as main.run_turn does
     shared = {
         "conversation": conversation,
         "turn": turn,

@@ -154,6 +154,13 @@ class Hub:
         self._live[conversation.id] = conversation
         return conversation
 
+    def open_turn(self, conversation: Conversation, turn: Turn) -> asyncio.Future[None]:
+        """Queue the writes that start a turn (and store a new conversation with it)."""
+        new = None if conversation.stored else conversation.record
+        conversation.stored = True
+        replaced = [m.id for m in turn.replaced]
+        return self.store.open_turn(conversation.id, new, [turn.user_message, turn.reply], replaced)
+
     async def ensure_stored(self, conversation: Conversation) -> None:
         if not conversation.stored:
             # Marked first: the writer runs jobs in order, so later writes land after this insert.

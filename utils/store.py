@@ -62,6 +62,13 @@ def _connect(path: Path) -> sqlite3.Connection:
     return connection
 
 
+def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> None:
+    db.execute(
+        "INSERT INTO conversations (id, title, model, system_prompt, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
+        (record.id, record.title, record.model, record.system_prompt, record.created_at, record.updated_at),
+    )
+
+
 def _conversation(row: sqlite3.Row) -> ConversationRecord:
     return ConversationRecord(
         id=row["id"],
@@ -153,8 +160,9 @@ class Store:
         self._jobs.put((work, done))
         return done
 
-    async def _write(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        return await asyncio.wrap_future(self._submit(work))
+    def _write(self, work: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+        """Queue a write now (writes run in the order they are queued); await the result when it matters."""
+        return asyncio.wrap_future(self._submit(work))
 
     async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         def run() -> T:
@@ -167,13 +175,7 @@ class Store:
         return await asyncio.to_thread(run)
 
     async def create_conversation(self, record: ConversationRecord) -> None:
-        await self._write(
-            lambda db: db.execute(
-                "INSERT INTO conversations (id, title, model, system_prompt, created_at, updated_at)"
-                " VALUES (?, ?, ?, ?, ?, ?)",
-                (record.id, record.title, record.model, record.system_prompt, record.created_at, record.updated_at),
-            )
-        )
+        await self._write(lambda db: _insert_conversation(db, record))
 
     async def update_conversation(self, record: ConversationRecord) -> None:
         record.updated_at = time.time()
@@ -232,6 +234,20 @@ class Store:
             db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
 
         return work
+
+    def open_turn(
+        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message], delete_ids: list[str]
+    ) -> asyncio.Future[None]:
+        """Queue, at once, what a turn starts with: the conversation if it is `new`, the messages it replaces
+        deleted, its messages saved. Later writes land after it, so the turn need not wait for it."""
+        upsert = self._upsert(conversation_id, messages, delete_ids)
+
+        def work(db: sqlite3.Connection) -> None:
+            if new is not None:
+                _insert_conversation(db, new)
+            upsert(db)
+
+        return self._write(work)
 
     async def save_messages(
         self, conversation_id: str, messages: list[Message], delete_ids: list[str] | None = None
