@@ -5,6 +5,7 @@ Run it with `python main.py` (see `python main.py --help` for every setting).
 
 import asyncio
 import logging
+import re
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -19,6 +20,7 @@ from fastapi.responses import PlainTextResponse
 from fastapi.staticfiles import StaticFiles
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, Field
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.websockets import WebSocketDisconnect
 
 from flow import create_chat_flow
@@ -385,6 +387,7 @@ def create_app(settings: Settings) -> FastAPI:
             store.close()
 
     app = FastAPI(title="PocketChat", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
     app.include_router(router)
     app.add_api_websocket_route("/ws", chat_socket)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
@@ -393,9 +396,24 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
+class ShortenConversationIds(logging.Filter):
+    """Access log lines name a conversation by its first six characters: a whole id grants access to it."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(
+                CONVERSATION_PATH.sub(r"\1\2…", arg) if isinstance(arg, str) else arg for arg in record.args
+            )
+        return True
+
+
+CONVERSATION_PATH = re.compile(r"(/api/conversations/)([\w-]{6})[\w-]+")
+
+
 def main(argv: list[str]) -> None:
     settings = Settings(_cli_parse_args=argv)  # type: ignore[call-arg]  # pydantic-settings' init option
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("uvicorn.access").addFilter(ShortenConversationIds())
     uvicorn.run(
         create_app(settings),
         host=settings.host,

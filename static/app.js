@@ -265,8 +265,8 @@ function confirmDelete(item) {
   ui.deleteDialog.showModal();
   ui.deleteDialog.addEventListener("close", async () => {
     if (ui.deleteDialog.returnValue !== "delete") return;
+    // The server tells this page with a `deleted` frame if it was showing that conversation.
     await api("DELETE", `/api/conversations/${item.dataset.id}`).catch((e) => showNotice(e.message));
-    if (item.dataset.id === state.sessionId) newChat();
     refreshSidebar();
   }, { once: true });
 }

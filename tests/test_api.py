@@ -16,7 +16,8 @@ def request(app, method: str, path: str, body: dict | None = None) -> tuple[int,
         with urllib.request.urlopen(req, timeout=10) as response:
             return response.status, response.read()
     except urllib.error.HTTPError as error:
-        return error.code, error.read()
+        with error:
+            return error.code, error.read()
 
 
 def test_the_page_and_health_check_are_served(app):

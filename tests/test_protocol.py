@@ -2,6 +2,8 @@
 
 import json
 import time
+import urllib.error
+import urllib.request
 
 import psutil
 import pytest
@@ -321,7 +323,30 @@ def test_the_pages_own_origin_and_allowed_origins_are_accepted(start_app):
         assert app.client(Origin=origin).hello()["type"] == "ready"
 
 
+def test_a_page_on_another_name_for_this_server_is_refused(app):
+    """DNS rebinding: evil.example resolves to 127.0.0.1, so its page would be same-origin with itself."""
+    request = urllib.request.Request(app.url + "/api/conversations", headers={"Host": "evil.example"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=5)
+    assert refused.value.code == 400
+    refused.value.close()
+    with pytest.raises(InvalidStatus):
+        connect(app.ws_url, additional_headers={"Host": "evil.example", "Origin": "http://evil.example"}, legacy=True)
+
+
 # Rule 8: unguessable ids
+
+
+def test_logs_hold_neither_message_texts_nor_whole_conversation_ids(app, fake):
+    fake.queue(Reply(tokens=["a secret plan"]))
+    client = app.client()
+    session = client.hello()["session_id"]
+    client.turn("my private question")
+    app.get(f"/api/conversations/{session}")
+    app.stop()
+    logs = app.logs()
+    assert f"turn {client.frames[-1]['turn_id']} conversation {session[:6]}… status=complete" in logs
+    assert "my private question" not in logs and "a secret plan" not in logs and session not in logs
 
 
 def test_conversation_ids_are_random_and_long(app):

@@ -51,6 +51,11 @@ class Settings(BaseSettings):
         description="Extra browser origins allowed to open the WebSocket, comma-separated "
         "(the page's own origin is always allowed).",
     )
+    allowed_hosts: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Host names the server answers to, comma-separated; unset means the loopback names plus "
+        "--host (any name when bound to all interfaces). Guards against DNS rebinding.",
+    )
     context_budget: int = Field(
         4000,
         gt=0,
@@ -74,12 +79,21 @@ class Settings(BaseSettings):
     max_frame_bytes: int = Field(262_144, gt=0, description="Largest client frame accepted.")
     log_level: str = Field("INFO", description="Logging level.")
 
-    @field_validator("allowed_origins", mode="before")
+    @field_validator("allowed_origins", "allowed_hosts", mode="before")
     @classmethod
-    def _split_origins(cls, value: object) -> object:
+    def _split_list(cls, value: object) -> object:
         if isinstance(value, str):
-            return [origin.strip().rstrip("/") for origin in value.split(",") if origin.strip()]
+            return [item.strip().rstrip("/") for item in value.split(",") if item.strip()]
         return value
+
+    @property
+    def trusted_hosts(self) -> list[str]:
+        """The Host headers to answer: a page on another site that resolves its name to us gets nothing."""
+        if self.allowed_hosts:
+            return self.allowed_hosts
+        if self.host in ("0.0.0.0", "::"):
+            return ["*"]
+        return sorted({"127.0.0.1", "localhost", "::1", self.host})
 
     @property
     def provider_kind(self) -> Literal["local", "openai"]:
