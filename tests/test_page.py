@@ -354,3 +354,19 @@ def test_the_view_sticks_to_the_bottom_unless_the_user_scrolls_up(page: Page, fa
     expect(jump).to_be_hidden()
     assert page.evaluate(at_bottom)
     wait_done(page)
+
+
+@pytest.mark.model
+def test_the_page_says_when_the_small_offline_demo_model_answers(browser: Browser, start_app):
+    app = start_app("--provider", "local", "--max-tokens", "8")
+    under_test = PageUnderTest(browser, app)
+    page = under_test.open()
+    note = page.locator("#provider-note")
+    expect(note).to_contain_text("SmolLM2-135M-Instruct.Q4_1: a small offline demo model")
+    expect(note).to_contain_text("POCKETCHAT_BASE_URL")
+    expect(page.get_by_label("Model").locator("option")).to_have_text(["SmolLM2-135M-Instruct.Q4_1"])
+    send(page, "Hello")
+    wait_done(page)
+    expect(replies(page).last.locator(".meta")).to_contain_text("(counted)")
+    under_test.context.close()
+    assert under_test.errors == []
