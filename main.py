@@ -117,7 +117,7 @@ async def fail_turn(state: AppState, conversation: Conversation, turn: Turn) -> 
     snapshot = turn.log.snapshot()
     turn.reply.content, turn.reply.reasoning = snapshot["content"], snapshot["reasoning"]
     turn.reply.status, turn.reply.error = "error", "PocketChat failed while writing this reply; see the server log."
-    if turn.reply not in conversation.history:
+    if not any(message is turn.reply for message in conversation.history):
         conversation.history.append(turn.reply)
     turn.log.append(protocol.error(ProtocolError(turn.reply.error, turn.id)))
     try:

@@ -5,7 +5,6 @@ every socket has gone. A conversation stays in memory while a socket is attached
 """
 
 import asyncio
-import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -15,8 +14,6 @@ from utils.messages import ConversationRecord, Message, new_id
 from utils.protocol import NothingToRegenerate, TurnInProgress, UnknownSession
 from utils.store import Store
 from utils.turn_log import InProcessTurnLog, TurnLog
-
-logger = logging.getLogger(__name__)
 
 
 class Subscriber(Protocol):
@@ -60,24 +57,15 @@ class Conversation:
 
     def ready_frame(self, provider: dict[str, Any]) -> tuple[dict[str, Any], TurnLog | None, int]:
         """The `ready` frame, and the log and seq to follow after, so that nothing is lost or repeated."""
-        running = self.turn.log.snapshot() if self.turn else None
+        turn = self.turn
+        running = {**turn.log.snapshot(), "message_id": turn.reply.id} if turn else None
         # The running turn's reply reaches the client as `running`, never also as history.
-        reply_id = self.turn.reply.id if self.turn else None
-        history = [m.to_wire() for m in self.history if m.id != reply_id]
-        if running is not None:
-            running["message_id"] = reply_id
-        frame = protocol.ready(
-            self.id,
-            self.record.title,
-            self.record.model,
-            self.record.system_prompt,
-            history,
-            running,
-            provider,
-        )
-        if self.turn is None or running is None:
+        history = [m.to_wire() for m in self.history if turn is None or m is not turn.reply]
+        record = self.record
+        frame = protocol.ready(self.id, record.title, record.model, record.system_prompt, history, running, provider)
+        if turn is None or running is None:
             return frame, None, 0
-        return frame, self.turn.log, running["seq"]
+        return frame, turn.log, running["seq"]
 
     def _begin(self, user_message: Message, replaced: list[Message]) -> Turn:
         if self.turn is not None:
@@ -141,9 +129,6 @@ class Hub:
         self._live: dict[str, Conversation] = {}
         self._loading: dict[str, asyncio.Future[Conversation | None]] = {}
 
-    def get(self, conversation_id: str) -> Conversation | None:
-        return self._live.get(conversation_id)
-
     @property
     def running_turns(self) -> list[Turn]:
         return [c.turn for c in self._live.values() if c.turn is not None]
@@ -177,7 +162,8 @@ class Hub:
         conversation = await asyncio.shield(loading)
         if conversation is None:
             raise UnknownSession("No conversation has that id; it may have been deleted.")
-        return conversation
+        # Another socket may have let it go while we waited; whoever holds it now shares this one.
+        return self._live.setdefault(conversation_id, conversation)
 
     async def _load(self, conversation_id: str) -> Conversation | None:
         try:
@@ -195,5 +181,5 @@ class Hub:
         if not conversation.subscribers and conversation.turn is None:
             self._live.pop(conversation.id, None)
 
-    def forget(self, conversation_id: str) -> Conversation | None:
-        return self._live.pop(conversation_id, None)
+    def forget(self, conversation_id: str) -> None:
+        self._live.pop(conversation_id, None)

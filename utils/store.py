@@ -138,6 +138,7 @@ class Store:
                 except queue.Empty:
                     break
             results = []
+            self._connection.execute("BEGIN")
             for work, done in batch:
                 self._connection.execute("SAVEPOINT job")
                 try:
