@@ -414,6 +414,9 @@ def main(argv: list[str]) -> None:
     settings = Settings(_cli_parse_args=argv)  # type: ignore[call-arg]  # pydantic-settings' init option
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("uvicorn.access").addFilter(ShortenConversationIds())
+    # The HTTP client logs every request with its full URL, which may carry credentials; the turn's
+    # own log line says what happened.
+    logging.getLogger("httpx2").setLevel(logging.WARNING)
     uvicorn.run(
         create_app(settings),
         host=settings.host,

@@ -278,6 +278,16 @@ def test_a_keyless_endpoint_gets_no_authorization_header(start_app, fake):
     assert all("authorization" not in request["headers"] for request in fake.requests)
 
 
+def test_credentials_in_the_base_url_reach_neither_the_browser_nor_the_log(start_app, fake):
+    app = start_app("--base-url", f"http://user:sk-in-url-SECRET@127.0.0.1:{fake.port}/v1")
+    client = app.client()
+    ready = client.hello()
+    assert ready["provider"]["base_url"] == f"http://127.0.0.1:{fake.port}/v1/"
+    assert client.turn("hi")[-1]["status"] == "complete"
+    app.stop()
+    assert "SECRET" not in json.dumps(client.frames) and "SECRET" not in app.logs()
+
+
 # Rule 6: bad input changes nothing
 
 

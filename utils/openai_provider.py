@@ -4,6 +4,7 @@ import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 import openai
 
@@ -43,7 +44,7 @@ class OpenAIProvider:
         self._model = model
         self.temperature = temperature
         self.idle_limit = idle_limit
-        self.base_url = str(self.client.base_url)
+        self.base_url = _without_credentials(str(self.client.base_url))
 
     def describe(self) -> dict[str, Any]:
         """What the page shows about who answers."""
@@ -143,6 +144,13 @@ class OpenAIProvider:
 
     async def aclose(self) -> None:
         await self.client.close()
+
+
+def _without_credentials(url: str) -> str:
+    """The URL as shown to people and logs: no user, password or query (a key may hide there)."""
+    parts = urlsplit(url)
+    netloc = f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname or ""
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 def _body_message(error: openai.APIError) -> str:
