@@ -154,8 +154,9 @@ function showProvider(provider) {
   ui.providerNote.classList.toggle("warning", provider.kind === "unavailable");
 }
 
+/** An error that belongs to no reply (a refused frame, a failed request): shown in place, no actions. */
 function showNotice(text) {
-  const view = transcript.append({ role: "assistant", content: "", status: "error", error: text });
+  const view = transcript.append({ role: "assistant", content: "", status: "error", error: text, notice: true });
   view.root.classList.add("notice-only");
 }
 

@@ -158,17 +158,20 @@ export class Transcript {
     if (this.stuck) this.scrollToEnd();
   }
 
-  /** Only the last user message can be edited and only the last reply regenerated. */
+  /** Only the last user message can be edited and only the last reply regenerated, once nothing streams. */
   refreshActions() {
-    const lastUser = this.views.findLast((view) => view.message.role === "user");
-    const last = this.views.at(-1);
+    const messages = this.views.filter((view) => !view.message.notice);
+    const streaming = messages.some((view) => view.message.status === "streaming");
+    const lastUser = streaming ? null : messages.findLast((view) => view.message.role === "user");
+    const last = streaming ? null : messages.at(-1);
     for (const view of this.views) {
       const actions = [];
       if (view === lastUser) actions.push(["edit", "Edit"]);
-      if (view === last && view.message.role === "assistant" && view.message.status !== "streaming") {
+      if (view === last && view.message.role === "assistant") {
         actions.push(["regenerate", view.message.status === "error" ? "Retry" : "Regenerate"]);
       }
-      if (view.message.role === "assistant" && view.message.content && view.message.status !== "streaming") {
+      if (view.message.role === "assistant" && view.message.content && view.message.status !== "streaming" &&
+          !view.message.notice) {
         actions.push(["copy-reply", "Copy"]);
       }
       const key = actions.map(([name]) => name).join();
