@@ -96,7 +96,7 @@ def _reply_stats(request: ChatRequest, outcome: ChatOutcome, text: str, started_
     """Model, usage (the provider's, else counted or estimated, and which), ttft and tokens/s of a reply."""
     result = outcome.result
     if result is not None and result.usage is not None:
-        usage: dict[str, Any] = {**result.usage, "source": request.provider.usage_source}
+        usage: dict[str, Any] = {**result.usage, "source": request.provider.usage_source(request.model)}
     else:
         prompt = sum(estimate_tokens(m["content"]) for m in request.messages)
         completion = estimate_tokens(text)

@@ -19,6 +19,7 @@ const ui = {
 const state = {
   sessionId: localStorage.getItem(SESSION_KEY),
   conversation: null, // {title, model, system_prompt}
+  provider: null, // ready.provider: who answers
   running: null, // {turnId, seq, view}
   models: [],
 };
@@ -41,8 +42,8 @@ const handlers = {
     connection.confirmed();
     state.sessionId = frame.session_id;
     localStorage.setItem(SESSION_KEY, frame.session_id);
+    state.provider = frame.provider;
     showConversation(frame);
-    showProvider(frame.provider);
     state.running = null;
     transcript.reset(frame.history);
     if (frame.running) {
@@ -137,14 +138,21 @@ function showConversation(frame) {
   document.title = frame.title ? `${frame.title} · PocketChat` : "PocketChat";
   ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.session_id)}/export.md`;
   fillModelPicker();
+  showProvider();
 }
 
-function showProvider(provider) {
+const DEMO_NOTE = ": a small offline demo model. For real answers, point PocketChat at a bigger model: " +
+  "set POCKETCHAT_BASE_URL (OpenAI, OpenRouter, Ollama, vLLM…) or --model-path (see the README).";
+
+/** Say who answers this conversation: the embedded demo model, a local file, or a remote endpoint. */
+function showProvider() {
+  const provider = state.provider;
+  const model = state.conversation?.model;
+  if (!provider) return;
   if (provider.kind === "local") {
-    ui.providerNote.textContent = provider.demo
-      ? `${provider.model}: a small offline demo model. For real answers, point PocketChat at a bigger model: ` +
-        "set POCKETCHAT_BASE_URL (OpenAI, OpenRouter, Ollama, vLLM…) or --model-path (see the README)."
-      : `${provider.model}, running locally.`;
+    ui.providerNote.textContent = provider.demo ? provider.model + DEMO_NOTE : `${provider.model}, running locally.`;
+  } else if (provider.embedded_model && model === provider.embedded_model) {
+    ui.providerNote.textContent = model + DEMO_NOTE;
   } else if (provider.kind === "unavailable") {
     ui.providerNote.textContent = `No model can answer: ${provider.message} ` +
       "Or set POCKETCHAT_BASE_URL and POCKETCHAT_API_KEY to use an OpenAI-compatible provider.";

@@ -101,5 +101,5 @@ def test_export_is_markdown_of_the_whole_conversation(app, fake):
     assert "## You\n\na question\n" in text and "## Assistant\n\n**bold** answer\n" in text
 
 
-def test_models_come_from_the_provider(app):
-    assert app.get("/api/models")["models"] == ["fake-model", "fake-model-large"]
+def test_models_come_from_the_provider_with_the_embedded_model_last(app):
+    assert app.get("/api/models")["models"] == ["fake-model", "fake-model-large", "SmolLM2-135M-Instruct.Q4_1"]

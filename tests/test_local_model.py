@@ -4,7 +4,9 @@ Tests assert the shape and behaviour of the stream, never the model's facts or w
 """
 
 import asyncio
+import json
 import shutil
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -109,6 +111,24 @@ def test_without_weights_the_app_starts_and_says_how_to_fix_it(start_app, tmp_pa
     error = next(f for f in frames if f["type"] == "error")
     assert error["code"] == "provider_error" and "missing.gguf" in error["message"]
     assert frames[-1]["status"] == "error"
+
+
+def test_a_conversation_can_pick_the_embedded_model_beside_a_remote_provider(start_app, fake):
+    app = start_app("--max-tokens", "8")
+    client = app.client()
+    session = client.hello()["session_id"]
+    assert client.turn("remote first")[-1]["usage"]["source"] == "provider"
+    request = urllib.request.Request(
+        f"{app.url}/api/conversations/{session}",
+        data=json.dumps({"model": "SmolLM2-135M-Instruct.Q4_1"}).encode(),
+        method="PATCH",
+        headers={"Content-Type": "application/json"},
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+    end = client.turn("now offline")[-1]
+    assert end["status"] == "complete" and end["model"] == "SmolLM2-135M-Instruct.Q4_1"
+    assert end["usage"]["source"] == "counted"
+    assert len(fake.chat_requests) == 1
 
 
 @pytest.fixture

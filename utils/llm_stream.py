@@ -18,8 +18,6 @@ class ChatProvider(Protocol):
     """What the chat node needs of a model: a stream of OpenAI-shaped chunks, whoever produces it."""
 
     kind: str
-    # "provider" when the stream carries the provider's usage, "counted" when the provider counts it itself.
-    usage_source: str
 
     def open_stream(
         self,
@@ -28,6 +26,10 @@ class ChatProvider(Protocol):
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
     ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]: ...
+
+    def usage_source(self, model: str) -> str:
+        """Where the usage at the end of `model`'s streams comes from: "provider" (sent by it) or
+        "counted" (counted with the model's tokenizer)."""
 
     async def warm_up(self) -> None:
         """Get ready for the first turn (load weights); called once at start-up, in the background."""

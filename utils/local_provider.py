@@ -88,7 +88,6 @@ class LocalStream:
 
 class LocalProvider:
     kind = "local"
-    usage_source = "counted"
 
     def __init__(self, model_path: Path | None, max_tokens: int | None, temperature: float | None = None) -> None:
         if model_path is None:
@@ -107,6 +106,9 @@ class LocalProvider:
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "local": True, "demo": self.is_demo, "model": self.model_name}
+
+    def usage_source(self, model: str) -> str:
+        return "counted"
 
     async def default_model(self) -> str:
         return self.model_name

@@ -18,7 +18,6 @@ KEY_PATTERN = re.compile(r"\b(sk|or|key)-[A-Za-z0-9_\-*]{8,}")
 
 class OpenAIProvider:
     kind = "openai"
-    usage_source = "provider"
 
     def __init__(
         self,
@@ -49,6 +48,9 @@ class OpenAIProvider:
     def describe(self) -> dict[str, Any]:
         """What the page shows about who answers."""
         return {"kind": self.kind, "base_url": self.base_url, "local": False}
+
+    def usage_source(self, model: str) -> str:
+        return "provider"
 
     async def warm_up(self) -> None:
         return None  # nothing to load; the model list is asked for on first use

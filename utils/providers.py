@@ -2,10 +2,11 @@
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 from utils.llm_stream import ChatProvider, Chunk
+from utils.local_provider import LocalModelMissing, LocalProvider
 from utils.openai_provider import OpenAIProvider
 from utils.protocol import ProviderError
 from utils.settings import Settings
@@ -17,13 +18,15 @@ class UnavailableProvider:
     """Stands in when no model can run, so the app still starts and the page says how to fix it."""
 
     kind = "unavailable"
-    usage_source = "estimated"
 
     def __init__(self, reason: str) -> None:
         self.reason = reason
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "local": False, "message": self.reason}
+
+    def usage_source(self, model: str) -> str:
+        return "estimated"
 
     async def warm_up(self) -> None:
         return None
@@ -49,19 +52,63 @@ class UnavailableProvider:
         return None
 
 
-def make_provider(settings: Settings) -> ChatProvider:
-    if settings.provider_kind == "openai":
-        return OpenAIProvider(
-            base_url=settings.base_url,
-            api_key=settings.api_key.get_secret_value() if settings.api_key else None,
-            model=settings.model,
-            idle_limit=settings.idle_limit,
-            temperature=settings.temperature,
-        )
-    from utils.local_provider import LocalModelMissing, LocalProvider
+class WithEmbeddedModel:
+    """A remote provider, with the embedded model as one more entry of its model list: a conversation
+    can pick it, offline, and only then are its weights loaded."""
 
+    def __init__(self, remote: OpenAIProvider, embedded: LocalProvider) -> None:
+        self.remote = remote
+        self.embedded = embedded
+        self.kind = remote.kind
+
+    def _for(self, model: str) -> ChatProvider:
+        return self.embedded if model == self.embedded.model_name else self.remote
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.remote.describe(), "embedded_model": self.embedded.model_name}
+
+    def usage_source(self, model: str) -> str:
+        return self._for(model).usage_source(model)
+
+    async def warm_up(self) -> None:
+        await self.remote.warm_up()
+
+    async def default_model(self) -> str:
+        return await self.remote.default_model()
+
+    async def list_models(self) -> list[str]:
+        return [*await self.remote.list_models(), self.embedded.model_name]
+
+    def open_stream(
+        self,
+        messages: list[dict[str, str]],
+        model: str,
+        max_tokens: int | None,
+        on_queued: Callable[[int], object] | None = None,
+    ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]:
+        return self._for(model).open_stream(messages, model, max_tokens, on_queued)
+
+    async def aclose(self) -> None:
+        await self.remote.aclose()
+        await self.embedded.aclose()
+
+
+def make_provider(settings: Settings) -> ChatProvider:
+    """The embedded model, or the remote provider with the embedded model beside it when it is installed."""
     try:
-        return LocalProvider(settings.model_path, settings.max_tokens, settings.temperature)
+        embedded = LocalProvider(settings.model_path, settings.max_tokens, settings.temperature)
     except LocalModelMissing as missing:
         logger.warning("embedded model unavailable: %s", missing)
-        return UnavailableProvider(str(missing))
+        if settings.provider_kind == "local":
+            return UnavailableProvider(str(missing))
+        embedded = None
+    if settings.provider_kind == "local" and embedded is not None:
+        return embedded
+    remote = OpenAIProvider(
+        base_url=settings.base_url,
+        api_key=settings.api_key.get_secret_value() if settings.api_key else None,
+        model=settings.model,
+        idle_limit=settings.idle_limit,
+        temperature=settings.temperature,
+    )
+    return WithEmbeddedModel(remote, embedded) if embedded else remote
