@@ -84,7 +84,7 @@ async def baseline(client: openai.AsyncOpenAI, n: int, as_dicts: bool) -> Run:
         first, text = None, []
         if as_dicts:
             stream = await client.post(
-                "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=openai.AsyncStream[dict]
+                "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=openai.AsyncStream[object]
             )
             pieces = (c["choices"][0]["delta"].get("content") async for c in stream if c["choices"])
         else:

@@ -100,7 +100,7 @@ class OpenAIProvider:
                 body=body,
                 cast_to=object,
                 stream=True,
-                stream_cls=openai.AsyncStream[Chunk],
+                stream_cls=openai.AsyncStream[object],  # object: each chunk as parsed, untouched
                 options={"headers": self._headers},
             )
         except openai.OpenAIError as error:

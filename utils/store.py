@@ -163,7 +163,10 @@ class Store:
 
     def _write(self, work: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Queue a write now (writes run in the order they are queued); await the result when it matters."""
-        return asyncio.wrap_future(self._submit(work))
+        done = asyncio.wrap_future(self._submit(work))
+        # A failure is logged by the writer, so one nobody awaits need not be reported again.
+        done.add_done_callback(lambda future: future.cancelled() or future.exception())
+        return done
 
     async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         def run() -> T:
@@ -178,12 +181,13 @@ class Store:
     async def create_conversation(self, record: ConversationRecord) -> None:
         await self._write(lambda db: _insert_conversation(db, record))
 
-    async def update_conversation(self, record: ConversationRecord) -> None:
+    def update_conversation(self, record: ConversationRecord) -> asyncio.Future[None]:
+        """Queue the record's new title, model and system prompt; await the result where it matters."""
         record.updated_at = time.time()
-        await self._write(
+        row = (record.title, record.model, record.system_prompt, record.updated_at, record.id)
+        return self._write(
             lambda db: db.execute(
-                "UPDATE conversations SET title = ?, model = ?, system_prompt = ?, updated_at = ? WHERE id = ?",
-                (record.title, record.model, record.system_prompt, record.updated_at, record.id),
+                "UPDATE conversations SET title = ?, model = ?, system_prompt = ?, updated_at = ? WHERE id = ?", row
             )
         )
 
