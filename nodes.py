@@ -27,6 +27,7 @@ class ChatRequest:
     max_tokens: int | None
     channel: TurnLog
     turn: Turn
+    failures: int = 0  # attempts that failed before the first chunk
 
 
 @dataclass
@@ -67,6 +68,11 @@ class StreamChat(AsyncNode):
         except ProviderError as error:
             # Raising lets PocketFlow retry after `wait`, which is safe only while nothing was sent.
             if error.retryable and request.channel.seq == 0:
+                # PocketFlow sleeps `self.wait` before the next attempt: doubling it after the first
+                # failure backs off. The flow runs a copy of this node, so each turn starts afresh.
+                if request.failures:
+                    self.wait *= 2
+                request.failures += 1
                 raise
             return ChatOutcome("error", error=error)
         return ChatOutcome("stopped" if result.stopped else "complete", result=result)

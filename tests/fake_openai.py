@@ -83,7 +83,13 @@ class FakeOpenAI:
         method, path, _ = lines[0].split(" ", 2)
         headers = {k.strip().lower(): v.strip() for k, v in (line.split(":", 1) for line in lines[1:] if ":" in line)}
         body = await reader.readexactly(int(headers.get("content-length", "0")))
-        request = {"method": method, "path": path, "headers": headers, "json": json.loads(body) if body else None}
+        request = {
+            "method": method,
+            "path": path,
+            "headers": headers,
+            "json": json.loads(body) if body else None,
+            "at": time.monotonic(),
+        }
         self.requests.append(request)
         if method == "GET" and path.endswith("/models"):
             data = {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "fake"} for m in MODELS]}

@@ -215,6 +215,16 @@ def test_an_http_error_is_retried_before_the_first_chunk_then_reported(app, fake
     assert len(fake.chat_requests) == 3
 
 
+def test_retries_back_off(start_app, fake):
+    app = start_app("--retry-wait", "0.2", "--retries", "3")
+    fake.queue(*[Reply(status=500)] * 3)
+    client = app.client()
+    client.hello()
+    client.turn("hi")
+    first, second, third = (r["at"] for r in fake.chat_requests)
+    assert 0.2 <= second - first < 0.4 <= third - second  # waits of 0.2 s then 0.4 s
+
+
 def test_a_retry_that_succeeds_sends_every_chunk_once(app, fake):
     fake.queue(Reply(status=502), Reply(count=4))
     client = app.client()
