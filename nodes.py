@@ -35,6 +35,7 @@ class ChatOutcome:
     status: Status  # complete, stopped or error
     result: StreamResult | None = None
     error: ProviderError | None = None
+    bug: Exception | None = None
 
 
 class StreamChat(AsyncNode):
@@ -75,6 +76,10 @@ class StreamChat(AsyncNode):
                 request.failures += 1
                 raise
             return ChatOutcome("error", error=error)
+        except Exception as bug:
+            # PocketFlow would retry any exception, and a retry after chunks went out would send
+            # them twice: a bug is carried to post, which raises it.
+            return ChatOutcome("error", bug=bug)
         return ChatOutcome("stopped" if result.stopped else "complete", result=result)
 
     async def exec_fallback_async(self, request: ChatRequest, exc: Exception) -> ChatOutcome:
@@ -83,6 +88,8 @@ class StreamChat(AsyncNode):
         raise exc
 
     async def post_async(self, shared: dict[str, Any], request: ChatRequest, outcome: ChatOutcome) -> str:
+        if outcome.bug is not None:
+            raise outcome.bug  # main.run_turn records the turn as failed and logs the traceback
         conversation: Conversation = shared["conversation"]
         turn: Turn = shared["turn"]
         snapshot = request.channel.snapshot()

@@ -35,6 +35,7 @@ class Reply:
     cut_after: int | None = None  # drop the connection after this many content chunks
     stall_after: int | None = None  # go silent (connection open) after this many content chunks
     finish: bool = True  # send a finish_reason
+    raw: list[str] | None = None  # send these data lines as they are, then [DONE]
 
     def pieces(self) -> list[str]:
         return self.tokens if self.tokens is not None else [f"tok{i} " for i in range(1, self.count + 1)]
@@ -144,6 +145,10 @@ class FakeOpenAI:
         try:
             if not await wait(reply.first_delay):
                 return self._hung_up()
+            if reply.raw is not None:
+                writer.write(b"".join(event(line) for line in reply.raw) + event("[DONE]") + b"0\r\n\r\n")
+                await writer.drain()
+                return b""
             writer.write(delta({"role": "assistant", "content": ""}))
             for piece in reply.reasoning:
                 writer.write(delta({"reasoning_content": piece}))

@@ -5,11 +5,14 @@ import json
 from pathlib import Path
 
 from flow import create_chat_flow
+from main import AppState, run_turn
 from tests.fake_openai import FakeOpenAI, Reply
 from utils.conversations import Conversation
 from utils.messages import ConversationRecord, Message
 from utils.openai_provider import OpenAIProvider
 from utils.prompt import build_prompt, estimate_tokens
+from utils.providers import UnavailableProvider
+from utils.settings import Settings
 from utils.store import Store
 
 
@@ -98,3 +101,40 @@ def test_the_context_budget_trims_what_the_provider_receives(start_app, fake):
     assert sent[0]["role"] == "system"
     assert sent[-1]["content"].startswith("third question")
     assert not any(m["content"].startswith("first") for m in sent)
+
+
+class BrokenProvider(UnavailableProvider):
+    """A provider with a bug: it fails with an exception that is not a provider error."""
+
+    def __init__(self) -> None:
+        super().__init__("broken")
+        self.attempts = 0
+
+    async def default_model(self) -> str:
+        return "broken-model"
+
+    def open_stream(self, messages, model, max_tokens, on_queued=None):
+        self.attempts += 1
+        raise ZeroDivisionError("a bug")
+
+
+def test_a_bug_is_not_retried_and_the_turn_ends_as_an_internal_error(tmp_path, caplog):
+    async def scenario():
+        store = Store(tmp_path / "c.db")
+        store.open()
+        provider = BrokenProvider()
+        state = AppState(Settings(retries=3, retry_wait=0), store, provider)
+        conversation = state.hub.create("broken-model", "")
+        turn = conversation.begin_message("hello")
+        await run_turn(state, conversation, turn)
+        frames = [json.loads(text) async for text in turn.log.follow(0)]
+        _, messages = await store.load(conversation.id)
+        store.close()
+        return provider.attempts, frames, messages
+
+    attempts, frames, messages = asyncio.run(scenario())
+    assert attempts == 1
+    assert [f["type"] for f in frames][-2:] == ["error", "turn_end"]
+    assert frames[-2]["code"] == "internal" and frames[-1]["status"] == "error"
+    assert [(m.role, m.status) for m in messages] == [("user", "complete"), ("assistant", "error")]
+    assert "ZeroDivisionError: a bug" in caplog.text

@@ -259,6 +259,15 @@ def test_a_stream_cut_in_the_middle_keeps_the_partial_reply(app, fake):
     assert len(fake.chat_requests) == 1  # never retried after the first chunk
 
 
+def test_a_chunk_the_app_cannot_read_is_a_provider_error(app, fake):
+    fake.queue(Reply(raw=['{"choices": [{"index": 0, "delta": {"content": 42}}]}']))
+    client = app.client()
+    session = client.hello()["session_id"]
+    frames = client.turn("hi")
+    error = assert_failed_turn(app, client, session, frames)
+    assert "cannot read" in error["message"]
+
+
 def test_a_stalled_stream_fails_after_the_idle_limit(start_app, fake):
     app = start_app("--idle-limit", "0.5")
     fake.queue(Reply(count=10, stall_after=3))

@@ -43,6 +43,24 @@ class ChatProvider(Protocol):
     async def aclose(self) -> None: ...
 
 
+USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+
+
+def _read(chunk: Chunk) -> tuple[list[tuple[str, str | None, str | None]], dict[str, int] | None]:
+    """The (content, reasoning, finish_reason) of each choice of a chunk, and its usage if it has one."""
+    choices = []
+    for choice in chunk.get("choices") or ():
+        delta = choice.get("delta") or {}
+        # DeepSeek, vLLM and llama.cpp send reasoning_content; OpenRouter sends reasoning.
+        reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+        content = delta.get("content") or ""
+        if not isinstance(content, str) or not isinstance(reasoning, str | None):
+            raise TypeError("content and reasoning must be text")
+        choices.append((content, reasoning, choice.get("finish_reason")))
+    usage = chunk.get("usage")
+    return choices, {key: int(usage.get(key) or 0) for key in USAGE_KEYS} if usage else None
+
+
 @dataclass
 class StreamResult:
     stopped: bool
@@ -71,21 +89,19 @@ async def stream_llm(
     async def consume() -> None:
         async with provider.open_stream(messages, model, max_tokens, on_queued) as chunks:
             async for chunk in chunks:
-                for choice in chunk.get("choices") or ():
-                    delta = choice.get("delta") or {}
-                    content = delta.get("content") or ""
-                    # DeepSeek, vLLM and llama.cpp send reasoning_content; OpenRouter sends reasoning.
-                    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                try:
+                    choices, usage = _read(chunk)
+                except (AttributeError, TypeError, ValueError) as error:
+                    raise ProviderError(f"The provider sent a chunk PocketChat cannot read: {chunk!r:.200}") from error
+                for content, reasoning, finish_reason in choices:
                     if content or reasoning:
                         if result.first_chunk_at is None:
                             result.first_chunk_at = time.monotonic()
                         on_chunk(content, reasoning)
-                    if choice.get("finish_reason"):
-                        result.finish_reason = choice["finish_reason"]
-                if usage := chunk.get("usage"):
-                    result.usage = {
-                        key: int(usage.get(key) or 0) for key in ("prompt_tokens", "completion_tokens", "total_tokens")
-                    }
+                    if finish_reason:
+                        result.finish_reason = finish_reason
+                if usage is not None:
+                    result.usage = usage
 
     if stop.is_set():
         result.stopped = True

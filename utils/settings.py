@@ -75,7 +75,9 @@ class Settings(BaseSettings):
         ge=1,
         description="Attempts to open a provider stream (only before its first chunk).",
     )
-    retry_wait: float = Field(0.5, ge=0, description="Seconds before the second attempt; the wait doubles after each failure.")
+    retry_wait: float = Field(
+        0.5, ge=0, description="Seconds before the second attempt; the wait doubles after each failure."
+    )
     max_frame_bytes: int = Field(262_144, gt=0, description="Largest client frame accepted.")
     log_level: str = Field("INFO", description="Logging level.")
 
