@@ -9,7 +9,8 @@ const $ = (id) => document.getElementById(id);
 
 const ui = {
   input: $("input"), send: $("send"), composer: $("composer"), title: $("title"),
-  providerNote: $("provider-note"), promptSummary: $("system-prompt-summary"), modelPicker: $("model-picker"), exportLink: $("export"),
+  providerNote: $("provider-note"), promptSummary: $("system-prompt-summary"),
+  modelPicker: $("model-picker"), exportLink: $("export"),
   banner: $("banner"), bannerText: $("banner-text"), announcer: $("announcer"),
   list: $("conversation-list"), sidebar: $("sidebar"), toggleSidebar: $("toggle-sidebar"),
   promptDialog: $("system-prompt-dialog"), promptInput: $("system-prompt-input"),
