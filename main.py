@@ -114,8 +114,7 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn) -> N
 
 async def fail_turn(state: AppState, conversation: Conversation, turn: Turn) -> None:
     """Record a turn a bug cut short, keeping what streamed, and tell the client."""
-    snapshot = turn.log.snapshot()
-    turn.reply.content, turn.reply.reasoning = snapshot["content"], snapshot["reasoning"]
+    turn.reply_so_far()
     turn.reply.status, turn.reply.error = "error", "PocketChat failed while writing this reply; see the server log."
     if not any(message is turn.reply for message in conversation.history):
         conversation.history.append(turn.reply)
@@ -131,11 +130,9 @@ async def checkpoint_reply(store: Store, conversation_id: str, turn: Turn) -> No
     saved_seq = 0
     while True:
         await asyncio.sleep(CHECKPOINT_SECONDS)
-        snapshot = turn.log.snapshot()
-        if snapshot["seq"] != saved_seq and turn.reply.status == "streaming":
-            turn.reply.content, turn.reply.reasoning = snapshot["content"], snapshot["reasoning"]
-            store.checkpoint(conversation_id, turn.reply)
-            saved_seq = snapshot["seq"]
+        if turn.log.seq != saved_seq and turn.reply.status == "streaming":
+            saved_seq = turn.log.seq
+            store.checkpoint(conversation_id, turn.reply_so_far())
 
 
 # ---- the WebSocket -----------------------------------------------------------------------------
@@ -322,7 +319,7 @@ async def change_conversation(request: Request, conversation_id: str, changes: C
             setattr(record, name, value.strip() if name == "title" else value)
         await state.hub.ensure_stored(conversation)
         await state.store.update_conversation(record)
-        await conversation.broadcast(protocol.conversation(record.id, record.title, record.model, record.system_prompt))
+        await conversation.broadcast(protocol.conversation(record))
         return record.to_wire()
     finally:
         state.hub.release(conversation)

@@ -92,9 +92,8 @@ class StreamChat(AsyncNode):
             raise outcome.bug  # main.run_turn records the turn as failed and logs the traceback
         conversation: Conversation = shared["conversation"]
         turn: Turn = shared["turn"]
-        snapshot = request.channel.snapshot()
-        reply = turn.reply
-        reply.content, reply.reasoning, reply.status = snapshot["content"], snapshot["reasoning"], outcome.status
+        reply = turn.reply_so_far()
+        reply.status = outcome.status
         reply.meta = _reply_stats(request, outcome, reply.content + reply.reasoning, turn.started_at)
         if outcome.error is not None:
             reply.error = outcome.error.message
@@ -147,5 +146,4 @@ class TitleConversation(AsyncNode):
         conversation: Conversation = shared["conversation"]
         conversation.record.title = title
         await shared["store"].update_conversation(conversation.record)
-        record = conversation.record
-        shared["channel"].append(protocol.conversation(record.id, record.title, record.model, record.system_prompt))
+        shared["channel"].append(protocol.conversation(conversation.record))

@@ -40,6 +40,12 @@ class Turn:
     started_at: float = field(default_factory=time.monotonic)
     task: asyncio.Task[None] | None = None
 
+    def reply_so_far(self) -> Message:
+        """The reply, with the text and reasoning its log holds now."""
+        snapshot = self.log.snapshot()
+        self.reply.content, self.reply.reasoning = snapshot["content"], snapshot["reasoning"]
+        return self.reply
+
 
 class Conversation:
     def __init__(self, record: ConversationRecord, history: list[Message], stored: bool = True) -> None:

@@ -10,6 +10,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
+from utils.messages import ConversationRecord
+
 PROTOCOL_VERSION = 1
 
 SessionId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=64)]
@@ -169,13 +171,13 @@ def turn_end(turn_id: str, status: str, message_id: str, stats: dict[str, Any]) 
     return {"type": "turn_end", "turn_id": turn_id, "status": status, "message_id": message_id, **stats}
 
 
-def conversation(session_id: str, title: str | None, model: str, system_prompt: str) -> dict[str, Any]:
+def conversation(record: ConversationRecord) -> dict[str, Any]:
     return {
         "type": "conversation",
-        "session_id": session_id,
-        "title": title,
-        "model": model,
-        "system_prompt": system_prompt,
+        "session_id": record.id,
+        "title": record.title,
+        "model": record.model,
+        "system_prompt": record.system_prompt,
     }
 
 

@@ -2,7 +2,7 @@
 
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from utils.llm_stream import ChatProvider, Chunk
@@ -37,16 +37,14 @@ class UnavailableProvider:
     async def list_models(self) -> list[str]:
         return []
 
-    @asynccontextmanager
-    async def open_stream(
+    def open_stream(
         self,
         messages: list[dict[str, str]],
         model: str,
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
-    ) -> AsyncIterator[AsyncIterator[Chunk]]:
+    ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]:
         raise ProviderError(self.reason)
-        yield  # pragma: no cover - makes this a generator
 
     async def aclose(self) -> None:
         return None

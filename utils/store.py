@@ -163,10 +163,7 @@ class Store:
 
     def _write(self, work: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Queue a write now (writes run in the order they are queued); await the result when it matters."""
-        done = asyncio.wrap_future(self._submit(work))
-        # A failure is logged by the writer, so one nobody awaits need not be reported again.
-        done.add_done_callback(lambda future: future.cancelled() or future.exception())
-        return done
+        return asyncio.wrap_future(self._submit(work))
 
     async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         def run() -> T:
@@ -181,11 +178,10 @@ class Store:
     async def create_conversation(self, record: ConversationRecord) -> None:
         await self._write(lambda db: _insert_conversation(db, record))
 
-    def update_conversation(self, record: ConversationRecord) -> asyncio.Future[None]:
-        """Queue the record's new title, model and system prompt; await the result where it matters."""
+    async def update_conversation(self, record: ConversationRecord) -> None:
         record.updated_at = time.time()
         row = (record.title, record.model, record.system_prompt, record.updated_at, record.id)
-        return self._write(
+        await self._write(
             lambda db: db.execute(
                 "UPDATE conversations SET title = ?, model = ?, system_prompt = ?, updated_at = ? WHERE id = ?", row
             )
@@ -254,11 +250,9 @@ class Store:
 
         return self._write(work)
 
-    async def save_messages(
-        self, conversation_id: str, messages: list[Message], delete_ids: list[str] | None = None
-    ) -> None:
-        """In one transaction: delete the messages `delete_ids`, then insert or update `messages` in order."""
-        await self._write(self._upsert(conversation_id, messages, delete_ids))
+    async def save_messages(self, conversation_id: str, messages: list[Message]) -> None:
+        """Insert or update these messages, in order, in one transaction."""
+        await self._write(self._upsert(conversation_id, messages))
 
     def checkpoint(self, conversation_id: str, message: Message) -> None:
         """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
