@@ -1,5 +1,6 @@
 """Each rule of docs/protocol.md, against the app under uvicorn and the fake provider."""
 
+import base64
 import json
 import time
 import urllib.error
@@ -255,7 +256,8 @@ def test_a_stream_cut_in_the_middle_keeps_the_partial_reply(app, fake):
     session = client.hello()["session_id"]
     frames = client.turn("hi")
     assert reply_text(frames) == "tok1 tok2 tok3 tok4 "
-    assert_failed_turn(app, client, session, frames)
+    error = assert_failed_turn(app, client, session, frames)
+    assert error["message"].startswith(f"The provider's stream broke off at http://127.0.0.1:{fake.port}/v1/: ")
     assert len(fake.chat_requests) == 1  # never retried after the first chunk
 
 
@@ -305,6 +307,9 @@ def test_credentials_in_the_base_url_reach_neither_the_browser_nor_the_log(start
     assert client.turn("hi")[-1]["status"] == "complete"
     app.stop()
     assert "SECRET" not in json.dumps(client.frames) and "SECRET" not in app.logs()
+    # The user and password are sent to the provider as Basic auth.
+    sent = base64.b64decode(fake.chat_requests[-1]["headers"]["authorization"].removeprefix("Basic "))
+    assert sent == b"user:sk-in-url-SECRET"
 
 
 # Rule 6: bad input changes nothing

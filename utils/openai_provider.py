@@ -4,8 +4,9 @@ import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
+import aiohttp
 import openai
 
 from utils.llm_stream import Chunk
@@ -30,16 +31,26 @@ class OpenAIProvider:
         # One client per process: it pools connections. The SDK's own retries are off because the
         # chat node retries, and only before the first chunk. Keyless servers (Ollama, vLLM,
         # llama.cpp) get no Authorization header at all rather than a made-up key: the SDK wants
-        # that said on every request.
+        # that said on every request. A user and password in the base URL (a proxy in front of
+        # Ollama, say) are sent as Basic auth instead of the key, as httpx would send them.
+        base_url, basic_auth = _split_credentials(base_url)
+        timeout = openai.Timeout(connect=10.0, read=idle_limit, write=10.0, pool=10.0)
         self.client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=api_key,
             max_retries=0,
-            timeout=openai.Timeout(connect=10.0, read=idle_limit, write=10.0, pool=10.0),
+            timeout=timeout,
+            # The SDK's aiohttp transport, "for improved concurrency performance": it reads a stream
+            # with less CPU per chunk than the default httpx one and closes stale pooled connections
+            # in the background, where httpx closes them one event-loop turn each inside the first
+            # request after a quiet spell, which held that request up to 3 s under a burst.
+            http_client=openai.DefaultAioHttpClient(timeout=timeout),
             _enforce_credentials=False,
         )
         self._api_key = api_key
-        self._headers: dict[str, Any] = {} if api_key else {"Authorization": openai.Omit()}
+        self._headers: dict[str, Any] = (
+            {"Authorization": basic_auth or openai.Omit()} if basic_auth or not api_key else {}
+        )
         self._model = model
         self.temperature = temperature
         self.idle_limit = idle_limit
@@ -115,24 +126,28 @@ class OpenAIProvider:
             async for chunk in stream:
                 yield chunk
         except openai.OpenAIError as error:
-            raise self.translate(error) from None
+            raise self.translate(error, streaming=True) from None
 
     def redact(self, text: str) -> str:
         if self._api_key:
             text = text.replace(self._api_key, "[redacted]")
         return KEY_PATTERN.sub("[redacted]", text)
 
-    def translate(self, error: openai.OpenAIError) -> ProviderError:
-        """The SDK's exception as a ProviderError carrying the provider's own message and status."""
-        if isinstance(error, openai.APITimeoutError):
+    def translate(self, error: openai.OpenAIError, streaming: bool = False) -> ProviderError:
+        """The SDK's exception as a ProviderError carrying the provider's own message and status;
+        `streaming`: it came while the reply was streaming in."""
+        if isinstance(error, openai.APIConnectionError):  # timeouts included
+            cause = _innermost_cause(error)
+            # The aiohttp transport reports a refused connection as a timeout too: the cause tells.
+            if isinstance(error, openai.APITimeoutError) and isinstance(cause, TimeoutError | None):
+                return ProviderError(
+                    f"The provider at {self.base_url} sent nothing for {self.idle_limit:g} s.", retryable=True
+                )
+            # aiohttp's parser errors read "400, message: ..." though no HTTP 400 was sent.
+            detail = " ".join(str(getattr(cause, "message", None) or cause or "").split())
+            what = "The provider's stream broke off" if streaming else "Could not reach the provider"
             return ProviderError(
-                f"The provider at {self.base_url} sent nothing for {self.idle_limit:g} s.", retryable=True
-            )
-        if isinstance(error, openai.APIConnectionError):
-            cause = error.__cause__ or error.__context__
-            detail = f": {cause}" if cause and str(cause) else ""
-            return ProviderError(
-                self.redact(f"Could not reach the provider at {self.base_url}{detail}"), retryable=True
+                self.redact(f"{what} at {self.base_url}" + (f": {detail}" if detail else "")), retryable=True
             )
         if isinstance(error, openai.APIStatusError):
             return ProviderError(
@@ -153,6 +168,22 @@ def _without_credentials(url: str) -> str:
     parts = urlsplit(url)
     netloc = f"{parts.hostname}:{parts.port}" if parts.port else parts.hostname or ""
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def _split_credentials(url: str | None) -> tuple[str | None, str | None]:
+    """The URL without its user and password, and those as a Basic Authorization header value."""
+    parts = urlsplit(url) if url else None
+    if parts is None or parts.username is None:
+        return url, None
+    auth = aiohttp.BasicAuth(unquote(parts.username), unquote(parts.password or ""))
+    return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])), auth.encode()
+
+
+def _innermost_cause(error: BaseException) -> BaseException | None:
+    cause = None
+    while (error := error.__cause__ or error.__context__) is not None:
+        cause = error
+    return cause
 
 
 def _body_message(error: openai.APIError) -> str:
