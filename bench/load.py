@@ -4,8 +4,9 @@ directly with the openai SDK (the baseline), in the same run.
 The fake streams 100 chunks 20 ms apart. For 1, 100 and 300 concurrent conversations it measures
 time to first chunk (p50, p99), wall time and chunks/s, checks that every reply arrived complete and
 in order, and prints app/baseline ratios (medians over the repetitions). Two baselines: `sdk` reads
-with chat.completions.create() (a pydantic object per chunk), `sdk-dict` reads plain dicts through
-the same SDK call the app makes, so it is the stricter one.
+the plain way, with the SDK's default client and chat.completions.create() (a pydantic object per
+chunk); `provider` reads through the app's own OpenAIProvider (the SDK on its aiohttp transport,
+plain dicts), so the ratio to it is the cost of everything the app adds, and it is the stricter one.
 
     .venv/bin/python -m bench.load [--levels 1,100,300] [--repeat 3]
 """
@@ -21,12 +22,15 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import openai
 import uvloop
 import websockets
+
+from utils.openai_provider import OpenAIProvider
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 100
@@ -74,28 +78,41 @@ def wait_http(url: str) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-async def baseline(client: openai.AsyncOpenAI, n: int, as_dicts: bool) -> Run:
-    """Read the fake straight with the SDK: with chat.completions.create() (a pydantic object per
-    chunk), or as plain dicts the way OpenAIProvider reads it (`as_dicts`)."""
+async def sdk_baseline(client: openai.AsyncOpenAI, n: int) -> Run:
+    """Read the fake the plain way: the SDK's default client and chat.completions.create()."""
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
 
     async def one() -> tuple[float | None, int, bool]:
         start = time.perf_counter()
-        first, text = None, []
-        if as_dicts:
-            stream = await client.post(
-                "/chat/completions", body=body, cast_to=object, stream=True, stream_cls=openai.AsyncStream[object]
-            )
-            pieces = (c["choices"][0]["delta"].get("content") async for c in stream if c["choices"])
-        else:
-            stream = await client.chat.completions.create(**body)
-            pieces = (c.choices[0].delta.content async for c in stream if c.choices)
-        async for piece in pieces:
-            if piece:
-                first = first or time.perf_counter() - start
-                text.append(piece)
-        return first, len(text), "".join(text) == EXPECTED
+        stream = await client.chat.completions.create(**body)
+        return await collect(start, (c.choices[0].delta.content async for c in stream if c.choices))
 
+    return await timed(n, one)
+
+
+async def provider_baseline(provider: OpenAIProvider, n: int) -> Run:
+    """Read the fake through the app's own OpenAIProvider.open_stream: the stream the app reads,
+    without the app around it."""
+    messages = [{"role": "user", "content": "hi"}]
+
+    async def one() -> tuple[float | None, int, bool]:
+        start = time.perf_counter()
+        async with provider.open_stream(messages, "fake-model", None) as chunks:
+            return await collect(start, (c["choices"][0]["delta"].get("content") async for c in chunks if c["choices"]))
+
+    return await timed(n, one)
+
+
+async def collect(start: float, pieces: AsyncIterator[str | None]) -> tuple[float | None, int, bool]:
+    first, text = None, []
+    async for piece in pieces:
+        if piece:
+            first = first or time.perf_counter() - start
+            text.append(piece)
+    return first, len(text), "".join(text) == EXPECTED
+
+
+async def timed(n: int, one: Callable[[], Awaitable[tuple[float | None, int, bool]]]) -> Run:
     start = time.perf_counter()
     results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
     return summarize(results, time.perf_counter() - start)
@@ -144,15 +161,16 @@ def summarize(results: list, wall: float) -> Run:
 
 async def measure(levels: list[int], repeat: int, fake_url: str, ws_url: str) -> None:
     client = openai.AsyncOpenAI(base_url=fake_url, api_key="bench", max_retries=0)
+    provider = OpenAIProvider(fake_url, "bench", "fake-model", idle_limit=30.0)
     print(f"fake provider: {TOKENS} chunks, {PACE_MS} ms apart; {repeat} repetitions, medians\n")
     header = f"{'conv':>5} {'who':>9} {'p50 ttft':>9} {'p99 ttft':>9} {'wall s':>7} {'chunks/s':>9} {'failed':>6}"
     print(header)
     summary = []
     for n in levels:
-        runs: dict[str, list[Run]] = {"sdk": [], "sdk-dict": [], "app": []}
+        runs: dict[str, list[Run]] = {"sdk": [], "provider": [], "app": []}
         for _ in range(repeat):
-            runs["sdk"].append(await baseline(client, n, as_dicts=False))
-            runs["sdk-dict"].append(await baseline(client, n, as_dicts=True))
+            runs["sdk"].append(await sdk_baseline(client, n))
+            runs["provider"].append(await provider_baseline(provider, n))
             runs["app"].append(await through_app(ws_url, n))
         medians = {}
         for who, rs in runs.items():
@@ -170,8 +188,9 @@ async def measure(levels: list[int], repeat: int, fake_url: str, ws_url: str) ->
             )
         summary.append((n, medians))
     await client.close()
+    await provider.aclose()
     print("\nratios app/baseline (lower is better; target at 300: p99 ttft <= 2.0, wall <= 1.3, no failure)")
-    for baseline_name in ("sdk", "sdk-dict"):
+    for baseline_name in ("sdk", "provider"):
         for n, m in summary:
             app, base = m["app"], m[baseline_name]
             print(

@@ -59,7 +59,9 @@ class FakeOpenAI:
         return [r for r in self.requests if r["path"].endswith("/chat/completions")]
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
-        self._server = await asyncio.start_server(self._connection, host, port)
+        # asyncio's default backlog of 100 drops connections when hundreds of streams start at once
+        # (the benchmark), and a dropped SYN costs the client a 1 s retransmit; real servers queue more.
+        self._server = await asyncio.start_server(self._connection, host, port, backlog=2048)
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def close(self) -> None:
