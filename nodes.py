@@ -145,5 +145,7 @@ class TitleConversation(AsyncNode):
             return
         conversation: Conversation = shared["conversation"]
         conversation.record.title = title
-        await shared["store"].update_conversation(conversation.record)
+        # Queued, not awaited: the turn's later writes land after it, and waiting for the writer
+        # thread would hold up the first chunk when many turns start at once.
+        shared["store"].update_conversation(conversation.record)
         shared["channel"].append(protocol.conversation(conversation.record))

@@ -163,7 +163,10 @@ class Store:
 
     def _write(self, work: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
         """Queue a write now (writes run in the order they are queued); await the result when it matters."""
-        return asyncio.wrap_future(self._submit(work))
+        future = asyncio.wrap_future(self._submit(work))
+        # The writer logs a failure; a caller that does not wait for the result need not hear of it again.
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())
+        return future
 
     async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
         def run() -> T:
@@ -178,10 +181,10 @@ class Store:
     async def create_conversation(self, record: ConversationRecord) -> None:
         await self._write(lambda db: _insert_conversation(db, record))
 
-    async def update_conversation(self, record: ConversationRecord) -> None:
+    def update_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
         record.updated_at = time.time()
         row = (record.title, record.model, record.system_prompt, record.updated_at, record.id)
-        await self._write(
+        return self._write(
             lambda db: db.execute(
                 "UPDATE conversations SET title = ?, model = ?, system_prompt = ?, updated_at = ? WHERE id = ?", row
             )
