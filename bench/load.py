@@ -78,16 +78,22 @@ def wait_http(url: str) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-async def sdk_baseline(client: openai.AsyncOpenAI, n: int) -> Run:
-    """Read the fake the plain way: the SDK's default client and chat.completions.create()."""
+async def sdk_baseline(fake_url: str, n: int) -> Run:
+    """Read the fake the plain way: the SDK's default client and chat.completions.create().
+
+    A fresh client each time, warmed by one request: a client left idle while the others run finds
+    its pooled connections stale, and httpx closes them one event-loop turn each inside the first
+    request (2-3 s under this load), which would flatter the app."""
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with openai.AsyncOpenAI(base_url=fake_url, api_key="bench", max_retries=0) as client:
+        await client.models.list()
 
-    async def one() -> tuple[float | None, int, bool]:
-        start = time.perf_counter()
-        stream = await client.chat.completions.create(**body)
-        return await collect(start, (c.choices[0].delta.content async for c in stream if c.choices))
+        async def one() -> tuple[float | None, int, bool]:
+            start = time.perf_counter()
+            stream = await client.chat.completions.create(**body)
+            return await collect(start, (c.choices[0].delta.content async for c in stream if c.choices))
 
-    return await timed(n, one)
+        return await timed(n, one)
 
 
 async def provider_baseline(provider: OpenAIProvider, n: int) -> Run:
@@ -160,7 +166,6 @@ def summarize(results: list, wall: float) -> Run:
 
 
 async def measure(levels: list[int], repeat: int, fake_url: str, ws_url: str) -> None:
-    client = openai.AsyncOpenAI(base_url=fake_url, api_key="bench", max_retries=0)
     provider = OpenAIProvider(fake_url, "bench", "fake-model", idle_limit=30.0)
     print(f"fake provider: {TOKENS} chunks, {PACE_MS} ms apart; {repeat} repetitions, medians\n")
     header = f"{'conv':>5} {'who':>9} {'p50 ttft':>9} {'p99 ttft':>9} {'wall s':>7} {'chunks/s':>9} {'failed':>6}"
@@ -169,7 +174,7 @@ async def measure(levels: list[int], repeat: int, fake_url: str, ws_url: str) ->
     for n in levels:
         runs: dict[str, list[Run]] = {"sdk": [], "provider": [], "app": []}
         for _ in range(repeat):
-            runs["sdk"].append(await sdk_baseline(client, n))
+            runs["sdk"].append(await sdk_baseline(fake_url, n))
             runs["provider"].append(await provider_baseline(provider, n))
             runs["app"].append(await through_app(ws_url, n))
         medians = {}
@@ -187,7 +192,6 @@ async def measure(levels: list[int], repeat: int, fake_url: str, ws_url: str) ->
                 f" {m['rate']:>9.0f} {m['failed']:>6}"
             )
         summary.append((n, medians))
-    await client.close()
     await provider.aclose()
     print("\nratios app/baseline (lower is better; target at 300: p99 ttft <= 2.0, wall <= 1.3, no failure)")
     for baseline_name in ("sdk", "provider"):
