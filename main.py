@@ -285,21 +285,20 @@ async def list_conversations(request: Request) -> dict[str, Any]:
     return {"conversations": [record.to_wire() for record in records]}
 
 
-async def _open(state: AppState, conversation_id: str) -> Conversation:
+@asynccontextmanager
+async def borrowed(state: AppState, conversation_id: str) -> AsyncIterator[Conversation]:
+    """The conversation for one HTTP request (404 if there is none), shared with its sockets."""
     try:
-        return await state.hub.open(conversation_id)
+        async with state.hub.borrow(conversation_id) as conversation:
+            yield conversation
     except protocol.UnknownSession as error:
         raise HTTPException(404, error.message) from None
 
 
 @router.get("/api/conversations/{conversation_id}")
 async def get_conversation(request: Request, conversation_id: str) -> dict[str, Any]:
-    state = chat_state(request.app)
-    conversation = await _open(state, conversation_id)
-    try:
+    async with borrowed(chat_state(request.app), conversation_id) as conversation:
         return {**conversation.record.to_wire(), "messages": [m.to_wire() for m in conversation.history]}
-    finally:
-        state.hub.release(conversation)
 
 
 class ConversationChanges(BaseModel):
@@ -312,8 +311,7 @@ class ConversationChanges(BaseModel):
 async def change_conversation(request: Request, conversation_id: str, changes: ConversationChanges) -> dict[str, Any]:
     """Rename, or change the model or system prompt of later turns; attached sockets are told."""
     state = chat_state(request.app)
-    conversation = await _open(state, conversation_id)
-    try:
+    async with borrowed(state, conversation_id) as conversation:
         record = conversation.record
         for name, value in changes.model_dump(exclude_none=True).items():
             setattr(record, name, value.strip() if name == "title" else value)
@@ -321,34 +319,28 @@ async def change_conversation(request: Request, conversation_id: str, changes: C
         await state.store.update_conversation(record)
         await conversation.broadcast(protocol.conversation(record))
         return record.to_wire()
-    finally:
-        state.hub.release(conversation)
 
 
 @router.delete("/api/conversations/{conversation_id}", status_code=204)
 async def delete_conversation(request: Request, conversation_id: str) -> None:
     """Delete a conversation: its running turn is stopped and its sockets are told."""
     state = chat_state(request.app)
-    conversation = await _open(state, conversation_id)
-    if (turn := conversation.turn) is not None and turn.task is not None:
-        turn.stop.set()
-        await asyncio.shield(turn.task)
-    await conversation.broadcast(protocol.deleted(conversation.id))
-    for subscriber in list(conversation.subscribers):
-        subscriber.detach()
-    state.hub.forget(conversation.id)
-    if conversation.stored:
-        await state.store.delete_conversation(conversation.id)
+    async with borrowed(state, conversation_id) as conversation:
+        if (turn := conversation.turn) is not None and turn.task is not None:
+            turn.stop.set()
+            await asyncio.shield(turn.task)
+        await conversation.broadcast(protocol.deleted(conversation.id))
+        for subscriber in list(conversation.subscribers):
+            subscriber.detach()
+        state.hub.forget(conversation.id)
+        if conversation.stored:
+            await state.store.delete_conversation(conversation.id)
 
 
 @router.get("/api/conversations/{conversation_id}/export.md", response_class=PlainTextResponse)
 async def export_conversation(request: Request, conversation_id: str) -> PlainTextResponse:
-    state = chat_state(request.app)
-    conversation = await _open(state, conversation_id)
-    try:
+    async with borrowed(chat_state(request.app), conversation_id) as conversation:
         markdown = conversation_markdown(conversation.record, conversation.history)
-    finally:
-        state.hub.release(conversation)
     filename = f"pocketchat-{conversation.id[:8]}.md"
     return PlainTextResponse(
         markdown,

@@ -1,11 +1,14 @@
 """The live conversations of this process: their history, the sockets attached, the running turn.
 
 A turn belongs to its conversation, not to the socket that started it: it runs to its end when
-every socket has gone. A conversation stays in memory while a socket is attached or a turn runs.
+every socket has gone. A conversation stays in memory while a socket is attached, a turn runs or an
+HTTP request uses it: one copy, whoever asks.
 """
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -56,6 +59,7 @@ class Conversation:
         self.stored = stored
         self.subscribers: set[Subscriber] = set()
         self.turn: Turn | None = None
+        self.borrowers = 0  # HTTP requests using it now
 
     @property
     def id(self) -> str:
@@ -182,10 +186,23 @@ class Hub:
         finally:
             del self._loading[conversation_id]
 
+    @asynccontextmanager
+    async def borrow(self, conversation_id: str) -> AsyncIterator[Conversation]:
+        """The conversation, kept in memory while the block runs (an HTTP request's), so that a socket
+        opening it meanwhile gets this same copy rather than a second one loaded from the store."""
+        conversation = await self.open(conversation_id)
+        conversation.borrowers += 1
+        try:
+            yield conversation
+        finally:
+            conversation.borrowers -= 1
+            self.release(conversation)
+
     def release(self, conversation: Conversation) -> None:
         """Forget a conversation nobody is looking at and nothing is writing to."""
-        if not conversation.subscribers and conversation.turn is None:
-            self._live.pop(conversation.id, None)
+        idle = not conversation.subscribers and conversation.turn is None and not conversation.borrowers
+        if idle and self._live.get(conversation.id) is conversation:
+            del self._live[conversation.id]
 
     def forget(self, conversation_id: str) -> None:
         self._live.pop(conversation_id, None)
