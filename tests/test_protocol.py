@@ -2,13 +2,14 @@
 
 import base64
 import json
+import os
 import time
 import urllib.error
 import urllib.request
 
 import psutil
 import pytest
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosedError, InvalidStatus
 from websockets.sync.client import connect
 
 from tests.conftest import API_KEY, reply_text
@@ -310,6 +311,25 @@ def test_credentials_in_the_base_url_reach_neither_the_browser_nor_the_log(start
     # The user and password are sent to the provider as Basic auth.
     sent = base64.b64decode(fake.chat_requests[-1]["headers"]["authorization"].removeprefix("Basic "))
     assert sent == b"user:sk-in-url-SECRET"
+
+
+def test_a_server_failure_outside_a_turn_closes_the_socket_with_1011_and_the_server_carries_on(app, tmp_path):
+    client = app.client()
+    session = client.hello()["session_id"]
+    assert client.turn("hi")[-1]["status"] == "complete"
+    app.stop()
+    app.start()
+    # Reading the conversation back now fails: its file is no longer a database.
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"not a database " * 100)
+    os.replace(garbage, app.db_path)
+    broken = app.client()
+    broken.send("hello", session_id=session)
+    with pytest.raises(ConnectionClosedError) as closed:
+        broken.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+    assert "WebSocket handler failed" in app.logs() and "file is not a database" in app.logs()
+    assert app.client().hello()["type"] == "ready"  # other sockets are still served
 
 
 # Rule 6: bad input changes nothing
