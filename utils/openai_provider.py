@@ -48,9 +48,8 @@ class OpenAIProvider:
             _enforce_credentials=False,
         )
         self._api_key = api_key
-        self._headers: dict[str, Any] = (
-            {"Authorization": basic_auth or openai.Omit()} if basic_auth or not api_key else {}
-        )
+        authorization = basic_auth or (None if api_key else openai.Omit())
+        self._headers: dict[str, Any] = {} if authorization is None else {"Authorization": authorization}
         self._model = model
         self.temperature = temperature
         self.idle_limit = idle_limit
@@ -180,8 +179,11 @@ def _split_credentials(url: str | None) -> tuple[str | None, str | None]:
 
 
 def _innermost_cause(error: BaseException) -> BaseException | None:
+    """The exception at the bottom of `error`'s chain of causes (aiohttp's, or the OS's)."""
+    seen = {id(error)}
     cause = None
-    while (error := error.__cause__ or error.__context__) is not None:
+    while (error := error.__cause__ or error.__context__) is not None and id(error) not in seen:
+        seen.add(id(error))
         cause = error
     return cause
 
