@@ -15,7 +15,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import openai
 import uvloop
 import websockets
 
+from tests.conftest import AppProcess, free_port
 from utils.openai_provider import OpenAIProvider
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -48,22 +48,6 @@ class Run:
     def p(self, q: float) -> float:
         ordered = sorted(self.ttfts)
         return ordered[min(int(q * len(ordered)), len(ordered) - 1)] * 1000 if ordered else float("nan")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def start_app(port: int, db: str, *args: str) -> subprocess.Popen[bytes]:
-    """`python main.py` on `port` with database `db`, ready to serve."""
-    server = subprocess.Popen(
-        [sys.executable, "main.py", "--port", str(port), "--db-path", db, "--log-level", "warning", *args],
-        cwd=ROOT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )  # fmt: skip
-    wait_http(f"http://127.0.0.1:{port}/healthz")
-    return server
 
 
 def wait_http(url: str) -> None:
@@ -209,7 +193,7 @@ def main() -> None:
     parser.add_argument("--levels", default="1,100,300")
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    fake_port, app_port = free_port(), free_port()
+    fake_port = free_port()
     fake_url = f"http://127.0.0.1:{fake_port}/v1"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory() as tmp:
@@ -218,16 +202,16 @@ def main() -> None:
              "--pace-ms", str(PACE_MS)],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
         )  # fmt: skip
+        app = AppProcess(
+            Path(tmp), ["--base-url", fake_url, "--api-key", "bench", "--model", "fake-model", "--log-level", "warning"]
+        )
         try:
             wait_http(f"{fake_url}/models")
-            app = start_app(
-                app_port, f"{tmp}/bench.db", "--base-url", fake_url, "--api-key", "bench", "--model", "fake-model"
-            )
+            app.start()
             levels = [int(level) for level in args.levels.split(",")]
-            uvloop.run(measure(levels, args.repeat, fake_url, f"ws://127.0.0.1:{app_port}/ws"))
-            app.terminate()
-            app.wait()
+            uvloop.run(measure(levels, args.repeat, fake_url, app.ws_url))
         finally:
+            app.stop()
             fake.terminate()
             fake.wait()
 

@@ -15,10 +15,9 @@ from pathlib import Path
 import llama_cpp
 from websockets.sync.client import connect
 
-from bench.load import free_port, start_app
+from tests.conftest import AppProcess
 from utils.local_provider import CONTEXT_TOKENS, default_model_path
 
-ROOT = Path(__file__).resolve().parent.parent
 MESSAGES = [
     {"role": "system", "content": "You are a helpful assistant."},
     {"role": "user", "content": "Write a long story about a lighthouse keeper."},
@@ -66,23 +65,23 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
-    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        server = start_app(
-            port, f"{tmp}/b.db", "--provider", "local", "--temperature", "0", "--max-tokens", str(args.max_tokens)
+        server = AppProcess(
+            Path(tmp), ["--provider", "local", "--temperature", "0", "--max-tokens", str(args.max_tokens)]
         )
         try:
+            server.start()
             llama = llama_cpp.Llama(str(default_model_path()), n_ctx=CONTEXT_TOKENS, n_threads=2, verbose=False)
-            through_app(f"ws://127.0.0.1:{port}/ws")  # warm both: weights loaded, caches filled
+            through_app(server.ws_url)  # warm both: weights loaded, caches filled
             direct(llama, args.max_tokens)
             results: dict[str, list[tuple[float, float]]] = {"llama_cpp": [], "app": []}
             for _ in range(args.repeat):
                 results["llama_cpp"].append(direct(llama, args.max_tokens))
-                results["app"].append(through_app(f"ws://127.0.0.1:{port}/ws"))
-            server_peak = peak_rss_mib(server.pid)
+                results["app"].append(through_app(server.ws_url))
+            assert server.process is not None
+            server_peak = peak_rss_mib(server.process.pid)
         finally:
-            server.terminate()
-            server.wait()
+            server.stop()
     medians = {
         who: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs)) for who, rs in results.items()
     }

@@ -13,12 +13,11 @@ from pathlib import Path
 
 from playwright.sync_api import Page, expect, sync_playwright
 
-from bench.load import free_port, start_app
 from tests import chromium
+from tests.conftest import AppProcess
 from utils.messages import ConversationRecord, Message
 from utils.store import Store
 
-ROOT = Path(__file__).resolve().parent.parent
 REPLY = """Here is what I found about item {i}:
 
 1. **First**, a point with `inline code` and a [link](https://example.org/{i}).
@@ -77,13 +76,13 @@ def main() -> None:
     parser.add_argument("--messages", type=int, default=500)
     parser.add_argument("--repeat", type=int, default=3)
     args = parser.parse_args()
-    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
-        db = Path(tmp) / "page.db"
-        long_chat = make_conversation(db, args.messages)
-        short_chat = make_conversation(db, 2)
-        server = start_app(port, str(db), "--base-url", "http://127.0.0.1:9/v1", "--model", "bench-model")
+        # No provider is needed to open a stored conversation.
+        server = AppProcess(Path(tmp), ["--base-url", "http://127.0.0.1:9/v1", "--model", "bench-model"])
+        long_chat = make_conversation(server.db_path, args.messages)
+        short_chat = make_conversation(server.db_path, 2)
         try:
+            server.start()
             results: dict[str, list[list[float]]] = {"2 messages": [], f"{args.messages} messages": []}
             with sync_playwright() as playwright:
                 browser = chromium.launch(playwright)
@@ -93,12 +92,11 @@ def main() -> None:
                         (f"{args.messages} messages", long_chat, args.messages),
                     ):
                         context = browser.new_context()
-                        results[name].append(measure(context.new_page(), f"http://127.0.0.1:{port}/", session, count))
+                        results[name].append(measure(context.new_page(), server.url + "/", session, count))
                         context.close()
                 browser.close()
         finally:
-            server.terminate()
-            server.wait()
+            server.stop()
     print(f"long tasks (> 50 ms) while opening and scrolling, {args.repeat} runs each, medians\n")
     longest = {}
     for name, runs in results.items():
