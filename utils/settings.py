@@ -1,10 +1,36 @@
-"""Every setting of the app, in one table: environment variables and `python main.py` flags."""
+"""Every setting of the app, in one table: environment variables and `python main.py` flags.
 
+Only three sources configure the app, highest first: the flags, the POCKETCHAT_<NAME> variables, and
+OPENAI_BASE_URL / OPENAI_API_KEY, the two variables every OpenAI client shares. A bare BASE_URL, API_KEY
+or PORT that some other program set configures nothing: the key must not follow a stray BASE_URL.
+"""
+
+import ipaddress
+import os
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic import Field, SecretStr, field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
+
+LogLevel = Literal["CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"]  # the names both logging and uvicorn know
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+class OpenAIVariables(PydanticBaseSettingsSource):
+    """OPENAI_BASE_URL and OPENAI_API_KEY, spelt exactly so (as the OpenAI SDK reads them)."""
+
+    VARIABLES: ClassVar[dict[str, str]] = {"base_url": "OPENAI_BASE_URL", "api_key": "OPENAI_API_KEY"}
+
+    def get_field_value(self, field: FieldInfo, field_name: str) -> tuple[Any, str, bool]:
+        variable = self.VARIABLES.get(field_name)
+        return (os.environ.get(variable) if variable else None), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        found = (self.get_field_value(field, name) for name, field in self.settings_cls.model_fields.items())
+        return {name: value for value, name, _ in found if value is not None}
 
 
 class Settings(BaseSettings):
@@ -13,7 +39,6 @@ class Settings(BaseSettings):
         cli_kebab_case=True,
         cli_prog_name="python main.py",
         cli_implicit_flags=True,
-        populate_by_name=True,
     )
 
     provider: Literal["auto", "local", "openai"] = Field(
@@ -23,12 +48,11 @@ class Settings(BaseSettings):
     )
     base_url: str | None = Field(
         None,
-        validation_alias=AliasChoices("base_url", "POCKETCHAT_BASE_URL", "OPENAI_BASE_URL"),
-        description="Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:11434/v1 for Ollama.",
+        description="Base URL of an OpenAI-compatible API, e.g. http://127.0.0.1:11434/v1 for Ollama "
+        "(OPENAI_BASE_URL works too).",
     )
     api_key: SecretStr | None = Field(
         None,
-        validation_alias=AliasChoices("api_key", "POCKETCHAT_API_KEY", "OPENAI_API_KEY"),
         description="API key for the OpenAI-compatible API (OPENAI_API_KEY works too). Never logged.",
     )
     model: str | None = Field(
@@ -44,7 +68,7 @@ class Settings(BaseSettings):
         description="System prompt of new conversations.",
     )
     db_path: Path = Field(Path("pocketchat.db"), description="SQLite database file.")
-    host: str = Field("127.0.0.1", description="Address to bind.")
+    host: str = Field("127.0.0.1", description="Address to bind, IPv4 or IPv6; 0.0.0.0 or :: for every interface.")
     port: int = Field(8000, description="Port to listen on.")
     allowed_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -79,23 +103,65 @@ class Settings(BaseSettings):
         0.5, ge=0, description="Seconds before the second attempt; the wait doubles after each failure."
     )
     max_frame_bytes: int = Field(262_144, gt=0, description="Largest client frame accepted.")
-    log_level: str = Field("INFO", description="Logging level.")
+    send_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds a WebSocket may take to accept one frame; a socket slower than that is closed with "
+        "code 1013 and its page reconnects and resumes.",
+    )
+    log_level: LogLevel = Field("INFO", description="Logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL.")
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # The flags come first without being listed: pydantic-settings puts its CLI source ahead of these.
+        # No .env file and no secrets directory: nothing configures the app unseen.
+        return init_settings, env_settings, OpenAIVariables(settings_cls)
 
     @field_validator("allowed_origins", "allowed_hosts", mode="before")
     @classmethod
     def _split_list(cls, value: object) -> object:
         if isinstance(value, str):
-            return [item.strip().rstrip("/") for item in value.split(",") if item.strip()]
+            return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @field_validator("allowed_origins")
+    @classmethod
+    def _normalize_origins(cls, origins: list[str]) -> list[str]:
+        return [normalize_origin(origin) for origin in origins]
+
+    @field_validator("allowed_hosts")
+    @classmethod
+    def _normalize_hosts(cls, hosts: list[str]) -> list[str]:
+        return [host_pattern(host) for host in hosts]
+
+    @field_validator("host")
+    @classmethod
+    def _unbracket_host(cls, host: str) -> str:
+        # The server binds to the bare address; "[::1]" is how a URL writes it.
+        address = _ipv6(host)
+        return address.compressed if address else host
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_case_level(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
     @property
     def trusted_hosts(self) -> list[str]:
-        """The Host headers to answer: a page on another site that resolves its name to us gets nothing."""
+        """The hosts of the Host headers to answer, in the form starlette's TrustedHostMiddleware compares
+        (IPv6 literals in brackets): a page on another site that resolves its name to us gets nothing."""
         if self.allowed_hosts:
             return self.allowed_hosts
-        if self.host in ("0.0.0.0", "::"):
+        if self.host == "0.0.0.0" or ((address := _ipv6(self.host)) and address.is_unspecified):
             return ["*"]
-        return sorted({"127.0.0.1", "localhost", "::1", self.host})
+        return sorted({"127.0.0.1", "localhost", "[::1]", host_pattern(self.host)})
 
     @property
     def provider_kind(self) -> Literal["local", "openai"]:
@@ -103,3 +169,36 @@ class Settings(BaseSettings):
         if self.provider != "auto":
             return self.provider
         return "openai" if self.base_url or self.api_key else "local"
+
+
+def _ipv6(text: str) -> ipaddress.IPv6Address | None:
+    """`text` as an IPv6 address, with or without the brackets a URL puts around one."""
+    try:
+        return ipaddress.IPv6Address(text.removeprefix("[").removesuffix("]"))
+    except ValueError:
+        return None
+
+
+def host_pattern(host: str) -> str:
+    """A host name as the Host header carries it, less its port: lower case, IPv6 literals in brackets."""
+    host = host.strip().lower()
+    if address := _ipv6(host):
+        return f"[{address.compressed}]"
+    if ":" in host:
+        raise ValueError(f"allowed host {host!r} must be a host name without a port")
+    return host
+
+
+def normalize_origin(origin: str) -> str:
+    """`origin` as a browser's Origin header spells it: scheme://host[:port], lower case, no default port.
+
+    Browsers send the compressed form of an IPv6 literal and never a path, so a configured origin that
+    differs only in case, a trailing slash or a default port still matches."""
+    parts = urlsplit(origin.strip())
+    extra = parts.username is not None or parts.path not in ("", "/") or parts.query or parts.fragment
+    if not parts.scheme or not parts.hostname or extra:
+        raise ValueError(f"allowed origin {origin!r} must be scheme://host or scheme://host:port")
+    scheme = parts.scheme.lower()
+    host = host_pattern(parts.hostname)
+    port = parts.port
+    return f"{scheme}://{host}" if port in (None, DEFAULT_PORTS.get(scheme)) else f"{scheme}://{host}:{port}"
