@@ -27,14 +27,17 @@ class OpenAIProvider:
         model: str | None,
         idle_limit: float,
         temperature: float | None = None,
+        connect_timeout: float = 10.0,
     ) -> None:
+        """`connect_timeout`: seconds to get a connection to the provider, a new one or a free one of the
+        pool; `idle_limit`: seconds the provider may then stay silent."""
         # One client per process: it pools connections. The SDK's own retries are off because the
         # chat node retries, and only before the first chunk. Keyless servers (Ollama, vLLM,
         # llama.cpp) get no Authorization header at all rather than a made-up key: the SDK wants
         # that said on every request. A user and password in the base URL (a proxy in front of
         # Ollama, say) are sent as Basic auth instead of the key, as httpx would send them.
         base_url, basic_auth = _split_credentials(base_url)
-        timeout = openai.Timeout(connect=10.0, read=idle_limit, write=10.0, pool=10.0)
+        timeout = openai.Timeout(connect=connect_timeout, read=idle_limit, write=connect_timeout, pool=connect_timeout)
         self.client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=api_key,
@@ -53,6 +56,7 @@ class OpenAIProvider:
         self._model = model
         self.temperature = temperature
         self.idle_limit = idle_limit
+        self.connect_timeout = connect_timeout
         self.base_url = _without_credentials(str(self.client.base_url))
 
     def describe(self) -> dict[str, Any]:
