@@ -1,6 +1,7 @@
 """Any OpenAI-compatible endpoint (OpenAI, OpenRouter, Ollama, vLLM, llama.cpp server) as a chat provider."""
 
 import re
+import traceback
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -140,12 +141,9 @@ class OpenAIProvider:
         """The SDK's exception as a ProviderError carrying the provider's own message and status;
         `streaming`: it came while the reply was streaming in."""
         if isinstance(error, openai.APIConnectionError):  # timeouts included
+            if isinstance(error, openai.APITimeoutError) and (what_ran_out := self._timed_out(error)):
+                return ProviderError(what_ran_out, retryable=True)
             cause = _innermost_cause(error)
-            # The aiohttp transport reports a refused connection as a timeout too: the cause tells.
-            if isinstance(error, openai.APITimeoutError) and isinstance(cause, TimeoutError | None):
-                return ProviderError(
-                    f"The provider at {self.base_url} sent nothing for {self.idle_limit:g} s.", retryable=True
-                )
             # aiohttp's parser errors read "400, message: ..." though no HTTP 400 was sent.
             detail = " ".join(str(getattr(cause, "message", None) or cause or "").split())
             what = "The provider's stream broke off" if streaming else "Could not reach the provider"
@@ -161,6 +159,23 @@ class OpenAIProvider:
         if isinstance(error, openai.APIError):
             return ProviderError(self.redact(f"The provider reported an error: {_body_message(error)}"))
         return ProviderError(self.redact(f"The provider client failed: {error}"))
+
+    def _timed_out(self, error: openai.APITimeoutError) -> str | None:
+        """Which wait ran out, said plainly; None when `error` is no timeout at all. The SDK's aiohttp
+        transport maps every aiohttp connection error, a refused connection included, to a timeout, so
+        only the causes tell: a ConnectionTimeoutError ends the wait for a connection (new or pooled),
+        a TimeoutError at the bottom (aiohttp's SocketTimeoutError) the wait for the provider's bytes."""
+        causes = _causes(error)
+        if any(isinstance(cause, aiohttp.ConnectionTimeoutError) for cause in causes):
+            if _cut_off_waiting_for_the_pool(causes):
+                return (
+                    f"No connection to the provider at {self.base_url} came free within {self.connect_timeout:g} s:"
+                    " PocketChat has too many requests open to it at once."
+                )
+            return f"Could not connect to the provider at {self.base_url} within {self.connect_timeout:g} s."
+        if isinstance(_innermost_cause(error), TimeoutError | None):
+            return f"The provider at {self.base_url} sent nothing for {self.idle_limit:g} s."
+        return None
 
     async def aclose(self) -> None:
         await self.client.close()
@@ -182,14 +197,29 @@ def _split_credentials(url: str | None) -> tuple[str | None, str | None]:
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2])), auth.encode()
 
 
+def _causes(error: BaseException) -> list[BaseException]:
+    """`error`'s chain of causes, outermost first: httpx's, aiohttp's, then asyncio's or the OS's."""
+    causes: list[BaseException] = []
+    while (error := error.__cause__ or error.__context__) is not None and error not in causes:
+        causes.append(error)
+    return causes
+
+
 def _innermost_cause(error: BaseException) -> BaseException | None:
-    """The exception at the bottom of `error`'s chain of causes (aiohttp's, or the OS's)."""
-    seen = {id(error)}
-    cause = None
-    while (error := error.__cause__ or error.__context__) is not None and id(error) not in seen:
-        seen.add(id(error))
-        cause = error
-    return cause
+    """The exception at the bottom of `error`'s chain of causes."""
+    causes = _causes(error)
+    return causes[-1] if causes else None
+
+
+def _cut_off_waiting_for_the_pool(causes: list[BaseException]) -> bool:
+    """Whether a connection timeout cut the request off while it queued for a free pooled connection.
+
+    aiohttp raises the same ConnectionTimeoutError when the pool stays full as when the provider does
+    not accept a new connection in time; only the frame where the wait was cancelled tells them apart.
+    Tested against the installed aiohttp (tests/test_provider_errors.py): a rename there fails that test.
+    """
+    frames = (frame for cause in causes for frame, _ in traceback.walk_tb(cause.__traceback__))
+    return any(frame.f_code.co_name == "_wait_for_available_connection" for frame in frames)
 
 
 def _body_message(error: openai.APIError) -> str:

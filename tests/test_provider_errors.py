@@ -1,0 +1,123 @@
+"""Each way a provider request can time out or fail, for real, and what the turn's error then says."""
+
+import asyncio
+import functools
+import socket
+import time
+from collections.abc import Iterator
+
+import httpx2
+import openai
+import pytest
+
+from tests.fake_openai import Reply
+from utils.openai_provider import OpenAIProvider
+from utils.protocol import ProviderError
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+async def reply_or_error(provider: OpenAIProvider) -> tuple[list[object], ProviderError | None, float]:
+    """The chunks of one streamed reply, the ProviderError that ended it if one did, and the seconds it took."""
+    chunks: list[object] = []
+    started = time.monotonic()
+    try:
+        async with provider.open_stream(MESSAGES, "fake-model", None) as stream:
+            async for chunk in stream:
+                chunks.append(chunk)
+    except ProviderError as error:
+        return chunks, error, time.monotonic() - started
+    finally:
+        await provider.aclose()
+    return chunks, None, time.monotonic() - started
+
+
+@pytest.fixture
+def full_backlog() -> Iterator[int]:
+    """The port of a listener that never accepts and whose accept queue is full: a connect there hangs."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    # Linux queues backlog + 1 connections; a few more make sure the next SYN is dropped.
+    fillers = [socket.socket() for _ in range(3)]
+    for filler in fillers:
+        filler.setblocking(False)
+        filler.connect_ex(("127.0.0.1", port))
+    yield port
+    for sock in [*fillers, listener]:
+        sock.close()
+
+
+def test_a_connect_timeout_says_it_could_not_connect(full_backlog):
+    url = f"http://127.0.0.1:{full_backlog}/v1"
+    provider = OpenAIProvider(url, "sk-test", "fake-model", idle_limit=30, connect_timeout=0.3)
+    _, error, seconds = asyncio.run(reply_or_error(provider))
+    assert error is not None and error.retryable
+    assert error.message == f"Could not connect to the provider at {url}/ within 0.3 s."
+    assert seconds < 5
+
+
+def test_a_pool_timeout_says_no_connection_came_free(fake, monkeypatch):
+    # One pooled connection, held by a reply that stalls: the second request can only wait for it.
+    monkeypatch.setattr(
+        openai,
+        "DefaultAioHttpClient",
+        functools.partial(openai.DefaultAioHttpClient, limits=httpx2.Limits(max_connections=1)),
+    )
+    fake.queue(Reply(count=5, stall_after=1))
+    url = f"http://127.0.0.1:{fake.port}/v1"
+    provider = OpenAIProvider(url, "sk-test", "fake-model", idle_limit=30, connect_timeout=0.3)
+
+    async def second_while_first_streams() -> ProviderError | None:
+        async with provider.open_stream(MESSAGES, "fake-model", None):
+            return (await reply_or_error(provider))[1]
+
+    error = asyncio.run(second_while_first_streams())
+    assert error is not None and error.retryable
+    assert error.message.startswith(f"No connection to the provider at {url}/ came free within 0.3 s")
+    assert len(fake.chat_requests) == 1
+
+
+def test_a_provider_that_accepts_and_never_answers_sent_nothing():
+    async def run() -> tuple[ProviderError | None, float]:
+        hung_up = asyncio.Event()
+
+        async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read()  # until the client hangs up
+            writer.close()
+            hung_up.set()
+
+        server = await asyncio.start_server(silent, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+        provider = OpenAIProvider(url, "sk-test", "fake-model", idle_limit=0.3, connect_timeout=5)
+        _, error, seconds = await reply_or_error(provider)
+        await asyncio.wait_for(hung_up.wait(), 5)
+        server.close()
+        return error, seconds
+
+    error, seconds = asyncio.run(run())
+    assert error is not None and error.retryable
+    assert error.message.startswith("The provider at http://127.0.0.1:")
+    assert error.message.endswith("/v1/ sent nothing for 0.3 s.")
+    assert seconds < 5
+
+
+def test_a_stream_that_stalls_midway_sent_nothing(fake):
+    fake.queue(Reply(count=5, stall_after=2))
+    url = f"http://127.0.0.1:{fake.port}/v1"
+    provider = OpenAIProvider(url, "sk-test", "fake-model", idle_limit=0.3)
+    chunks, error, _ = asyncio.run(reply_or_error(provider))
+    assert len(chunks) >= 2
+    assert error is not None and error.message == f"The provider at {url}/ sent nothing for 0.3 s."
+
+
+def test_a_refused_connection_says_why():
+    # The SDK's aiohttp transport reports this as a timeout too; it must not read like one.
+    provider = OpenAIProvider("http://127.0.0.1:9/v1", "sk-test", "fake-model", idle_limit=30, connect_timeout=5)
+    _, error, seconds = asyncio.run(reply_or_error(provider))
+    assert error is not None and error.retryable
+    assert error.message.startswith(
+        "Could not reach the provider at http://127.0.0.1:9/v1/: [Errno 111] Connect call failed"
+    )
+    assert seconds < 5
