@@ -220,6 +220,17 @@ def test_an_allowed_host_with_a_port_is_refused():
         load("--allowed-hosts", "chat.example:8000")
 
 
+@pytest.mark.parametrize("pattern", ["*", "*.Example.com"])
+def test_a_wildcard_host_is_kept(pattern):
+    assert load("--allowed-hosts", pattern).trusted_hosts == [pattern.lower()]
+
+
+@pytest.mark.parametrize("pattern", ["chat.*.com", "*example.com", "**.example.com"])
+def test_a_wildcard_starlette_cannot_match_is_refused(pattern):
+    with pytest.raises(ValidationError, match="wildcard"):
+        load("--allowed-hosts", pattern)
+
+
 class IPv6AppProcess(AppProcess):
     @property
     def url(self) -> str:

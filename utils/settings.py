@@ -186,6 +186,9 @@ def host_pattern(host: str) -> str:
         return f"[{address.compressed}]"
     if ":" in host:
         raise ValueError(f"allowed host {host!r} must be a host name without a port")
+    # starlette's TrustedHostMiddleware would fail an assertion at start-up on any other wildcard.
+    if host != "*" and "*" in host.removeprefix("*."):
+        raise ValueError(f"allowed host {host!r}: a wildcard must be '*' or like '*.example.com'")
     return host
 
 
