@@ -1,5 +1,7 @@
 // The page's one WebSocket: reconnects by itself with growing delays (1 s doubling to 30 s) and
 // says `hello` again on every open, so the server resumes the conversation where it was.
+// At most one socket is ever open or connecting: each new one closes the one before, and the events
+// of a socket that was replaced are ignored (the server would otherwise keep feeding a second copy).
 
 const FIRST_DELAY_MS = 1000;
 const LONGEST_DELAY_MS = 30000;
@@ -29,20 +31,35 @@ export class Connection {
     return this.socket !== null && this.socket.readyState === WebSocket.OPEN;
   }
 
+  /** Open a new socket in place of any other, open or still connecting. */
   open() {
-    clearTimeout(this.timer);
-    clearInterval(this.countdown);
+    this.stopWaiting();
+    this.socket?.close();
     const socket = new WebSocket(this.url);
     this.socket = socket;
+    const current = () => socket === this.socket;
     socket.addEventListener("open", () => {
-      this.send(this.helloFrame());
+      if (current()) this.send(this.helloFrame());
     });
     socket.addEventListener("message", (event) => {
-      if (event.data && socket === this.socket) this.onFrame(JSON.parse(event.data));
+      if (current() && event.data) this.onFrame(JSON.parse(event.data));
     });
-    socket.addEventListener("close", () => {
-      if (socket === this.socket) this.scheduleReconnect();
+    socket.addEventListener("close", (event) => {
+      if (current()) this.closed(event.code);
     });
+    if (this.attempt > 0) this.tell(0); // the banner says a try is under way, not a stale countdown
+  }
+
+  /**
+   * The current socket closed: the server closed it, with a code that says why, or the network or the
+   * server went away. Every code the protocol has means "come back": 1011 (the server failed outside
+   * a turn), 1009 (a frame far too large) and 1013 (this page fell too far behind a stream; the `hello`
+   * on the next socket resumes the reply from the server's copy, as after any drop). A code that calls
+   * for something else gets its own line here, before the reconnect.
+   */
+  closed(code) {
+    this.socket = null;
+    this.scheduleReconnect();
   }
 
   /** Called once the server answered `ready`: the connection is fully back. */
@@ -52,14 +69,22 @@ export class Connection {
   }
 
   scheduleReconnect() {
-    this.socket = null;
     const delay = Math.min(FIRST_DELAY_MS * 2 ** this.attempt, LONGEST_DELAY_MS);
     this.attempt += 1;
     const due = Date.now() + delay;
-    const tell = () => this.onState({ connected: false, attempt: this.attempt, retryInMs: Math.max(due - Date.now(), 0) });
+    const tell = () => this.tell(Math.max(due - Date.now(), 0));
     tell();
     this.countdown = setInterval(tell, 1000);
     this.timer = setTimeout(() => this.open(), delay);
+  }
+
+  tell(retryInMs) {
+    this.onState({ connected: false, attempt: this.attempt, retryInMs });
+  }
+
+  stopWaiting() {
+    clearTimeout(this.timer);
+    clearInterval(this.countdown);
   }
 
   reconnectNow() {

@@ -1,6 +1,7 @@
 """The page in real headless Chromium (Debian's, driven by playwright) against the app and the fake."""
 
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -266,6 +267,48 @@ def test_the_connection_banner_shows_while_the_server_is_down_and_nothing_is_los
     page.locator("#input").press("Enter")
     wait_done(page, count=2)
     pages.errors.clear()  # the browser logs the refused reconnection attempts
+
+
+RECORD_SOCKETS = """
+window.__sockets = [];
+window.__mostAlive = 0; // the most sockets ever open or connecting at once
+const count = () => {
+  const alive = window.__sockets.filter((s) => s.readyState <= WebSocket.OPEN).length;
+  window.__mostAlive = Math.max(window.__mostAlive, alive);
+};
+window.WebSocket = class extends WebSocket {
+  constructor(...args) {
+    super(...args);
+    window.__sockets.push(this);
+    count();
+  }
+};
+setInterval(count, 5);
+"""
+
+
+def test_reconnect_now_while_a_socket_is_connecting_replaces_it(pages: PageUnderTest, fake: FakeOpenAI):
+    pages.context.add_init_script(RECORD_SOCKETS)
+    page = pages.open()
+    pages.app.stop()
+    # A listener that never accepts: the TCP connection opens, the WebSocket handshake never ends.
+    with socket.create_server(("127.0.0.1", pages.app.port)):
+        page.wait_for_function("() => window.__sockets.length > 1 && window.__sockets.at(-1).readyState === 0")
+        for _ in range(3):
+            page.get_by_role("button", name="Reconnect now").click()
+            page.wait_for_timeout(200)
+        expect(page.locator("#banner-text")).to_contain_text(re.compile(r"Reconnecting \(attempt \d+\)"))
+        assert page.evaluate("window.__mostAlive") == 1
+        assert page.evaluate("window.__sockets.at(-1).readyState") == 0  # the newest one is still trying
+    pages.app.start()
+    expect(page.locator("#banner")).to_be_hidden(timeout=40_000)
+    fake.queue(Reply(tokens=["back"]))
+    send(page, "still there?")
+    wait_done(page)
+    expect(replies(page).last.locator(".body")).to_have_text("back")
+    states = page.evaluate("window.__sockets.map((s) => s.readyState)")
+    assert states[-1] == 1 and set(states[:-1]) == {3}, states  # one open socket, every other one closed
+    assert page.evaluate("window.__mostAlive") == 1
 
 
 def test_keyboard_only_send_stop_and_new_chat(page: Page, fake: FakeOpenAI):
