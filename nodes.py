@@ -15,7 +15,7 @@ from utils.conversations import Conversation, Turn
 from utils.llm_stream import ChatProvider, StreamResult, stream_llm
 from utils.messages import Status
 from utils.prompt import build_prompt, estimate_tokens
-from utils.protocol import ProviderError
+from utils.protocol import ProviderError, StorageError
 from utils.turn_log import TurnLog
 
 
@@ -100,7 +100,14 @@ class StreamChat(AsyncNode):
             outcome.error.turn_id = turn.id
             request.channel.append(protocol.error(outcome.error))
         conversation.history.append(reply)
-        await shared["store"].save_messages(conversation.id, [reply])
+        try:
+            await shared["store"].save_messages(conversation.id, [reply])
+        except StorageError as error:
+            # The reply stays in the history, and the store writes it when the database recovers.
+            error.message += " The reply is kept and will be saved when the database works again."
+            error.turn_id = turn.id
+            reply.status, reply.error = "error", reply.error or error.message
+            request.channel.append(protocol.error(error))
         return "default"
 
 

@@ -95,7 +95,9 @@ class AppProcess:
 
     def client(self, **headers: str) -> "ChatClient":
         # legacy=True: a connection the test closes itself, rather than a `with` block per client.
-        client = ChatClient(connect(self.ws_url, additional_headers=headers or None, open_timeout=10, legacy=True))
+        client = ChatClient(
+            connect(self.ws_url, additional_headers=headers or None, open_timeout=10, max_size=None, legacy=True)
+        )
         self.clients.append(client)
         return client
 
@@ -157,6 +159,7 @@ def fake(fake_server: FakeOpenAI) -> FakeOpenAI:
     fake_server.requests.clear()
     fake_server.hangups = 0
     fake_server.completed = 0
+    fake_server.models_answer = True
     return fake_server
 
 

@@ -48,6 +48,7 @@ class FakeOpenAI:
         self.requests: list[dict[str, Any]] = []
         self.hangups = 0
         self.completed = 0
+        self.models_answer = True  # False: accept `GET /models` and never answer, as a hung provider does
         self.port = 0
         self._server: asyncio.Server | None = None
 
@@ -95,6 +96,9 @@ class FakeOpenAI:
         }
         self.requests.append(request)
         if method == "GET" and path.endswith("/models"):
+            if not self.models_answer:
+                await reader.read()  # until the client hangs up
+                return None
             data = {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "fake"} for m in MODELS]}
             self._json(writer, 200, data)
         elif method == "POST" and path.endswith("/chat/completions"):

@@ -4,6 +4,7 @@ import asyncio
 from pathlib import Path
 
 from utils.conversations import Hub
+from utils.messages import ConversationRecord, Message
 from utils.store import Store
 
 
@@ -25,3 +26,18 @@ def test_a_conversation_an_http_request_is_using_stays_the_one_copy(tmp_path: Pa
         store.close()
 
     asyncio.run(scenario())
+
+
+def test_a_reply_left_streaming_with_no_turn_running_is_loaded_as_interrupted(tmp_path: Path) -> None:
+    async def scenario() -> list[tuple[str, str]]:
+        store = Store(tmp_path / "c.db")
+        store.open()
+        record = ConversationRecord(model="m", system_prompt="")
+        # A turn whose final save never landed: its reply is still marked streaming in the database.
+        reply = Message(role="assistant", content="half a", status="streaming")
+        await store.open_turn(record.id, record, [Message(role="user", content="q"), reply], [])
+        conversation = await Hub(store).open(record.id)
+        store.close()
+        return [(m.status, m.content) for m in conversation.history]
+
+    assert asyncio.run(scenario()) == [("complete", "q"), ("interrupted", "half a")]

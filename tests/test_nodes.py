@@ -5,8 +5,9 @@ import json
 from pathlib import Path
 
 from flow import create_chat_flow
-from main import AppState, run_turn
+from state import AppState
 from tests.fake_openai import FakeOpenAI, Reply
+from turns import run_turn
 from utils.conversations import Conversation
 from utils.messages import ConversationRecord, Message
 from utils.openai_provider import OpenAIProvider

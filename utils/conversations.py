@@ -1,12 +1,15 @@
 """The live conversations of this process: their history, the sockets attached, the running turn.
 
 A turn belongs to its conversation, not to the socket that started it: it runs to its end when
-every socket has gone. A conversation stays in memory while a socket is attached, a turn runs or an
-HTTP request uses it: one copy, whoever asks.
+every socket has gone. A conversation stays in memory while a socket is attached, a turn runs, an
+HTTP request uses it or its writes wait for the database: one copy, whoever asks. A new conversation
+(not stored until its first turn or change) is kept for UNSTORED_KEEP_SECONDS after its last socket
+leaves, so that a page that lost its connection can come back to it.
 """
 
 import asyncio
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -18,14 +21,17 @@ from utils.protocol import NothingToRegenerate, TurnInProgress, UnknownSession
 from utils.store import Store
 from utils.turn_log import InProcessTurnLog, TurnLog
 
+UNSTORED_KEEP_SECONDS = 600.0
+MAX_UNSTORED = 10_000  # new conversations kept without a socket; the oldest are let go first
+
 
 class Subscriber(Protocol):
-    """A socket attached to a conversation."""
+    """A socket attached to a conversation. Neither method waits for the socket: each queues."""
 
     def follow(self, log: TurnLog, after_seq: int) -> None:
         """Send the log's frames after chunk `after_seq`, once whatever this subscriber is sending is sent."""
 
-    async def send(self, frame: dict[str, Any]) -> None: ...
+    def send(self, frame: dict[str, Any]) -> None: ...
 
     def detach(self) -> None:
         """Leave the conversation."""
@@ -60,6 +66,7 @@ class Conversation:
         self.subscribers: set[Subscriber] = set()
         self.turn: Turn | None = None
         self.borrowers = 0  # HTTP requests using it now
+        self.deleting = False  # a DELETE is under way: no new turn, no new socket
 
     @property
     def id(self) -> str:
@@ -78,6 +85,8 @@ class Conversation:
         return frame, turn.log, running["seq"]
 
     def _begin(self, user_message: Message, replaced: list[Message]) -> Turn:
+        if self.deleting:
+            raise UnknownSession("This conversation is being deleted.")
         if self.turn is not None:
             raise TurnInProgress("A reply is still being written; stop it or wait for it to finish.")
         turn_id = new_id()
@@ -127,8 +136,10 @@ class Conversation:
         if self.turn is turn:
             self.turn = None
 
-    async def broadcast(self, frame: dict[str, Any]) -> None:
-        await asyncio.gather(*(subscriber.send(frame) for subscriber in list(self.subscribers)))
+    def broadcast(self, frame: dict[str, Any]) -> None:
+        """Queue a frame for every attached socket; a slow socket holds up nobody."""
+        for subscriber in list(self.subscribers):
+            subscriber.send(frame)
 
 
 class Hub:
@@ -138,15 +149,23 @@ class Hub:
         self.store = store
         self._live: dict[str, Conversation] = {}
         self._loading: dict[str, asyncio.Future[Conversation | None]] = {}
+        # New conversations that no socket holds, with when they are let go, the soonest first.
+        self._unstored: OrderedDict[str, float] = OrderedDict()
 
     @property
     def running_turns(self) -> list[Turn]:
         return [c.turn for c in self._live.values() if c.turn is not None]
 
+    @property
+    def conversations(self) -> list[Conversation]:
+        """The conversations in memory now."""
+        return list(self._live.values())
+
     def create(self, model: str, system_prompt: str) -> Conversation:
         """A new conversation, in memory until `ensure_stored`."""
         conversation = Conversation(ConversationRecord(model=model, system_prompt=system_prompt), [], stored=False)
         self._live[conversation.id] = conversation
+        self._let_go_of_old_unstored()
         return conversation
 
     def open_turn(self, conversation: Conversation, turn: Turn) -> asyncio.Future[None]:
@@ -163,24 +182,29 @@ class Hub:
             await self.store.create_conversation(conversation.record)
 
     async def open(self, conversation_id: str) -> Conversation:
-        if (live := self._live.get(conversation_id)) is not None:
-            return live
-        # Two sockets opening the same conversation at once must get the same object.
-        if (loading := self._loading.get(conversation_id)) is None:
-            loading = asyncio.ensure_future(self._load(conversation_id))
-            self._loading[conversation_id] = loading
-        conversation = await asyncio.shield(loading)
-        if conversation is None:
+        if (live := self._live.get(conversation_id)) is None:
+            # Two sockets opening the same conversation at once must get the same object.
+            if (loading := self._loading.get(conversation_id)) is None:
+                loading = asyncio.ensure_future(self._load(conversation_id))
+                self._loading[conversation_id] = loading
+            loaded = await asyncio.shield(loading)
+            # Another socket may have let it go while we waited; whoever holds it now shares this one.
+            live = None if loaded is None else self._live.setdefault(conversation_id, loaded)
+        if live is None or live.deleting:
             raise UnknownSession("No conversation has that id; it may have been deleted.")
-        # Another socket may have let it go while we waited; whoever holds it now shares this one.
-        return self._live.setdefault(conversation_id, conversation)
+        return live
 
     async def _load(self, conversation_id: str) -> Conversation | None:
         try:
             loaded = await self.store.load(conversation_id)
             if loaded is None:
                 return None
-            conversation = Conversation(*loaded)
+            record, history = loaded
+            for message in history:
+                # Not live here, so no turn is writing it: whatever cut it short, it was interrupted.
+                if message.status == "streaming":
+                    message.status = "interrupted"
+            conversation = Conversation(record, history)
             self._live[conversation_id] = conversation
             return conversation
         finally:
@@ -199,10 +223,31 @@ class Hub:
             self.release(conversation)
 
     def release(self, conversation: Conversation) -> None:
-        """Forget a conversation nobody is looking at and nothing is writing to."""
-        idle = not conversation.subscribers and conversation.turn is None and not conversation.borrowers
-        if idle and self._live.get(conversation.id) is conversation:
+        """Forget a conversation nobody is looking at and nothing is writing to (a new one, later)."""
+        if self._live.get(conversation.id) is not conversation or not self._idle(conversation):
+            return
+        if conversation.stored or conversation.deleting:
             del self._live[conversation.id]
+            return
+        self._unstored[conversation.id] = time.monotonic() + UNSTORED_KEEP_SECONDS
+        self._unstored.move_to_end(conversation.id)
+        self._let_go_of_old_unstored()
+
+    def _idle(self, conversation: Conversation) -> bool:
+        busy = conversation.subscribers or conversation.turn is not None or conversation.borrowers
+        return not busy and not self.store.unwritten(conversation.id)
+
+    def _let_go_of_old_unstored(self) -> None:
+        now = time.monotonic()
+        while self._unstored:
+            conversation_id, until = next(iter(self._unstored.items()))
+            if until > now and len(self._unstored) <= MAX_UNSTORED:
+                return
+            del self._unstored[conversation_id]
+            conversation = self._live.get(conversation_id)
+            if conversation is not None and not conversation.stored and self._idle(conversation):
+                del self._live[conversation_id]
 
     def forget(self, conversation_id: str) -> None:
         self._live.pop(conversation_id, None)
+        self._unstored.pop(conversation_id, None)

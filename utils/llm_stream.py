@@ -61,6 +61,31 @@ def _read(chunk: Chunk) -> tuple[list[tuple[str, str | None, str | None]], dict[
     return choices, {key: int(usage.get(key) or 0) for key in USAGE_KEYS} if usage else None
 
 
+class UnicodeRepair:
+    """Provider text as valid Unicode. Some providers send a character outside the BMP as two JSON
+    escapes split across chunks (`"\\ud83d"`, then `"\\ude00"`): the halves are joined again, and a
+    surrogate with no partner becomes U+FFFD. Nothing with a lone surrogate can be sent or stored."""
+
+    def __init__(self) -> None:
+        self._held = ""  # a high surrogate that may be the first half of a pair
+
+    def feed(self, text: str) -> str:
+        text, self._held = self._held + text, ""
+        if text and "\ud800" <= text[-1] <= "\udbff":
+            text, self._held = text[:-1], text[-1]
+        return _valid(text)
+
+    def flush(self) -> str:
+        """What is held back when the stream ends (a high surrogate alone: U+FFFD)."""
+        text, self._held = _valid(self._held), ""
+        return text
+
+
+def _valid(text: str) -> str:
+    # UTF-16 with surrogatepass turns a proper pair into its character; "replace" marks the rest.
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+
+
 @dataclass
 class StreamResult:
     stopped: bool
@@ -85,6 +110,13 @@ async def stream_llm(
     that ends without a finish reason was cut short and raises ProviderError.
     """
     result = StreamResult(stopped=False, finish_reason=None, usage=None, first_chunk_at=None)
+    content_text, reasoning_text = UnicodeRepair(), UnicodeRepair()
+
+    def emit(content: str, reasoning: str | None) -> None:
+        if content or reasoning:
+            if result.first_chunk_at is None:
+                result.first_chunk_at = time.monotonic()
+            on_chunk(content, reasoning or None)
 
     async def consume() -> None:
         async with provider.open_stream(messages, model, max_tokens, on_queued) as chunks:
@@ -94,14 +126,12 @@ async def stream_llm(
                 except (AttributeError, TypeError, ValueError) as error:
                     raise ProviderError(f"The provider sent a chunk PocketChat cannot read: {chunk!r:.200}") from error
                 for content, reasoning, finish_reason in choices:
-                    if content or reasoning:
-                        if result.first_chunk_at is None:
-                            result.first_chunk_at = time.monotonic()
-                        on_chunk(content, reasoning)
+                    emit(content_text.feed(content), reasoning_text.feed(reasoning) if reasoning else None)
                     if finish_reason:
                         result.finish_reason = finish_reason
                 if usage is not None:
                     result.usage = usage
+        emit(content_text.flush(), reasoning_text.flush())
 
     if stop.is_set():
         result.stopped = True

@@ -8,14 +8,28 @@ import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
 from utils.messages import ConversationRecord
 
 PROTOCOL_VERSION = 1
 
-SessionId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=64)]
-Content = Annotated[str, StringConstraints(strict=True, pattern=r"\S")]
+
+def unicode_text(value: object) -> object:
+    """Refuse text that cannot be sent or stored: JSON's `\\ud83d` escapes decode to lone surrogates,
+    which no UTF-8 socket or database accepts."""
+    if isinstance(value, str):
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
+    return value
+
+
+# Before the other checks: a lone surrogate also breaks pydantic's own pattern matching.
+Unicode = BeforeValidator(unicode_text)
+SessionId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=64), Unicode]
+Content = Annotated[str, StringConstraints(strict=True, pattern=r"\S"), Unicode]
 
 
 class ProtocolError(Exception):
@@ -49,6 +63,12 @@ class NothingToRegenerate(ProtocolError):
     code = "nothing_to_regenerate"
 
 
+class StorageError(ProtocolError):
+    """The database failed to write; what it could not write is kept in memory and written again."""
+
+    code = "storage_error"
+
+
 class ProviderError(ProtocolError):
     """The model provider failed; `retryable` says whether trying again may help."""
 
@@ -80,7 +100,7 @@ class Message(_Frame):
 
 class Stop(_Frame):
     type: Literal["stop"]
-    turn_id: Annotated[str, StringConstraints(strict=True)] | None = None
+    turn_id: Annotated[str, StringConstraints(strict=True), Unicode] | None = None
 
 
 class Regenerate(_Frame):
@@ -89,7 +109,7 @@ class Regenerate(_Frame):
 
 class Edit(_Frame):
     type: Literal["edit"]
-    message_id: Annotated[str, StringConstraints(strict=True, min_length=1)]
+    message_id: Annotated[str, StringConstraints(strict=True, min_length=1), Unicode]
     content: Content
 
 
@@ -109,10 +129,13 @@ def parse_client_frame(message: Mapping[str, Any], max_bytes: int) -> ClientFram
         data = json.loads(text)
     except ValueError:
         raise BadFrame("Frame is not valid JSON.") from None
+    except RecursionError:  # [[[[...]]]] nested deeper than the parser's stack
+        raise BadFrame("Frame is nested too deeply.") from None
     if not isinstance(data, dict):
         raise BadFrame("Frame must be a JSON object.")
     if data.get("type") not in CLIENT_FRAME_TYPES:
-        raise BadFrame(f"Unknown frame type {data.get('type')!r}; expected one of {', '.join(CLIENT_FRAME_TYPES)}.")
+        shown = repr(data.get("type"))[:40]  # not echoed whole: a client could make it any size
+        raise BadFrame(f"Unknown frame type {shown}; expected one of {', '.join(CLIENT_FRAME_TYPES)}.")
     try:
         return _client_frame.validate_python(data)
     except ValidationError as error:
@@ -120,7 +143,8 @@ def parse_client_frame(message: Mapping[str, Any], max_bytes: int) -> ClientFram
         where = ".".join(str(part) for part in first["loc"][1:]) or "frame"
         if first["type"] == "string_pattern_mismatch":
             raise BadFrame(f"'{where}' must not be empty.") from None
-        raise BadFrame(f"'{where}': {first['msg']}.") from None
+        message = first["msg"].removeprefix("Value error, ")
+        raise BadFrame(f"'{where}': {message}.") from None
 
 
 def encode(frame: dict[str, Any]) -> str:

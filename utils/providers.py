@@ -91,6 +91,18 @@ class WithEmbeddedModel:
         await self.embedded.aclose()
 
 
+async def available_models(provider: ChatProvider) -> tuple[list[str], str | None]:
+    """Every model a conversation can pick, and why the remote provider's list is missing if it is:
+    the embedded model stays pickable (offline) whatever the remote provider does."""
+    remote, embedded = (
+        (provider.remote, [provider.embedded.model_name]) if isinstance(provider, WithEmbeddedModel) else (provider, [])
+    )
+    try:
+        return [*await remote.list_models(), *embedded], None
+    except ProviderError as error:
+        return embedded, error.message
+
+
 def make_provider(settings: Settings) -> ChatProvider:
     """The embedded model, or the remote provider with the embedded model beside it when it is installed."""
     try:

@@ -13,13 +13,17 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from utils.messages import ConversationRecord, Message
+from utils.protocol import StorageError
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+RETRY_SECONDS = 2.0  # how often writes the database refused are tried again
+MAX_UNWRITTEN = 10_000  # writes kept for a database that does not recover; the oldest go first
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -94,13 +98,25 @@ def _message(row: sqlite3.Row) -> Message:
     )
 
 
+@dataclass
+class Job:
+    """One queued write. `retry`: if the database fails (disk full, I/O error), keep it and write it
+    again later; its caller has been told already."""
+
+    work: Callable[[sqlite3.Connection], Any]
+    done: Future[Any] | None
+    conversation_id: str | None = None
+    retry: bool = True
+
+
 class Store:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._jobs: queue.SimpleQueue[tuple[Callable[[sqlite3.Connection], Any], Future[Any]] | None] = (
-            queue.SimpleQueue()
-        )
+        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
         self._writer = threading.Thread(target=self._write_loop, name="sqlite-writer", daemon=True)
+        # Writes the database refused for a reason that may pass, in order; retried before new ones.
+        self._unwritten: list[Job] = []
+        self.failure: str | None = None  # why the last write failed, while writes fail
 
     def open(self) -> int:
         """Create the schema, start the writer and mark replies a crash cut short; return how many."""
@@ -120,15 +136,30 @@ class Store:
         return interrupted
 
     def close(self) -> None:
-        """Finish the queued writes, then close."""
+        """Finish the queued writes (and try the unwritten ones once more), then close."""
         self._jobs.put(None)
         self._writer.join()
         self._connection.close()
 
+    def unwritten(self, conversation_id: str) -> bool:
+        """Whether writes of this conversation wait for the database to recover."""
+        return any(job.conversation_id == conversation_id for job in list(self._unwritten))
+
     def _write_loop(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            # Group commit: the jobs queued meanwhile share one transaction, each in its own savepoint.
+        while True:
+            try:
+                # While writes wait for the database to recover, try them again every few seconds.
+                job = self._jobs.get(timeout=RETRY_SECONDS if self._unwritten else None)
+            except queue.Empty:
+                job = Job(lambda db: None, None, retry=False)
+            if job is None:
+                if self._unwritten:
+                    self._write_batch([])
+                    if self._unwritten:
+                        logger.error("%d writes could not be saved before shutdown", len(self._unwritten))
+                return
             batch = [job]
+            # Group commit: the jobs queued meanwhile share one transaction, each in its own savepoint.
             while len(batch) < 100:
                 try:
                     if (more := self._jobs.get_nowait()) is None:
@@ -137,33 +168,63 @@ class Store:
                     batch.append(more)
                 except queue.Empty:
                     break
-            results = []
-            self._connection.execute("BEGIN")
-            for work, done in batch:
-                self._connection.execute("SAVEPOINT job")
-                try:
-                    results.append((done, work(self._connection), None))
-                    self._connection.execute("RELEASE job")
-                except Exception as error:
-                    self._connection.execute("ROLLBACK TO job")
-                    self._connection.execute("RELEASE job")
-                    logger.exception("database write failed")
-                    results.append((done, None, error))
-            self._connection.commit()
-            for done, result, error in results:
-                if error is None:
-                    done.set_result(result)
-                else:
-                    done.set_exception(error)
+            self._write_batch(batch)
 
-    def _submit(self, work: Callable[[sqlite3.Connection], T]) -> Future[T]:
+    def _write_batch(self, batch: list[Job]) -> None:
+        jobs, self._unwritten = [*self._unwritten, *batch], []
+        db = self._connection
+        results: list[tuple[Job, Any, Exception | None]] = []
+        try:
+            db.execute("BEGIN")
+            for job in jobs:
+                db.execute("SAVEPOINT job")
+                try:
+                    results.append((job, job.work(db), None))
+                    db.execute("RELEASE job")
+                except Exception as error:
+                    if not db.in_transaction:
+                        raise  # SQLite rolled the whole transaction back (a full disk does)
+                    db.execute("ROLLBACK TO job")
+                    db.execute("RELEASE job")
+                    logger.error("database write failed: %s", error)
+                    results.append((job, None, error))
+            db.commit()
+        except Exception as error:
+            if db.in_transaction:
+                db.rollback()
+            # Nothing of the batch was written: every job failed with the database, not on its own.
+            self.failure = str(error)
+            self._unwritten = [job for job in jobs if job.retry][-MAX_UNWRITTEN:]
+            logger.error("database writes failed (%d kept to write again): %s", len(self._unwritten), error)
+            for job in jobs:
+                self._settle(job, None, StorageError(f"The database could not save this ({error})."))
+            return
+        self.failure = None
+        for job, result, error in results:
+            if isinstance(error, sqlite3.OperationalError) and job.retry:
+                self._unwritten.append(job)  # locked, or out of space for this one write
+                self.failure = str(error)
+            self._settle(job, result, error)
+
+    @staticmethod
+    def _settle(job: Job, result: Any, error: Exception | None) -> None:
+        if job.done is None or job.done.done():
+            return  # a write retried after its caller was told it failed
+        if error is None:
+            job.done.set_result(result)
+        else:
+            job.done.set_exception(error)
+
+    def _submit(self, work: Callable[[sqlite3.Connection], T], conversation_id: str, retry: bool = True) -> Future[T]:
         done: Future[T] = Future()
-        self._jobs.put((work, done))
+        self._jobs.put(Job(work, done, conversation_id, retry))
         return done
 
-    def _write(self, work: Callable[[sqlite3.Connection], T]) -> asyncio.Future[T]:
+    def _write(
+        self, work: Callable[[sqlite3.Connection], T], conversation_id: str, retry: bool = True
+    ) -> asyncio.Future[T]:
         """Queue a write now (writes run in the order they are queued); await the result when it matters."""
-        future = asyncio.wrap_future(self._submit(work))
+        future = asyncio.wrap_future(self._submit(work, conversation_id, retry))
         # The writer logs a failure; a caller that does not wait for the result need not hear of it again.
         future.add_done_callback(lambda done: done.cancelled() or done.exception())
         return future
@@ -179,7 +240,7 @@ class Store:
         return await asyncio.to_thread(run)
 
     async def create_conversation(self, record: ConversationRecord) -> None:
-        await self._write(lambda db: _insert_conversation(db, record))
+        await self._write(lambda db: _insert_conversation(db, record), record.id)
 
     def update_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
         record.updated_at = time.time()
@@ -187,12 +248,16 @@ class Store:
         return self._write(
             lambda db: db.execute(
                 "UPDATE conversations SET title = ?, model = ?, system_prompt = ?, updated_at = ? WHERE id = ?", row
-            )
+            ),
+            record.id,
         )
 
     async def delete_conversation(self, conversation_id: str) -> bool:
+        # Not written again later: the caller tells the user it failed, and the conversation stays.
         return await self._write(
-            lambda db: db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0
+            lambda db: db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0,
+            conversation_id,
+            retry=False,
         )
 
     async def list_conversations(self) -> list[ConversationRecord]:
@@ -251,12 +316,12 @@ class Store:
                 _insert_conversation(db, new)
             upsert(db)
 
-        return self._write(work)
+        return self._write(work, conversation_id)
 
     async def save_messages(self, conversation_id: str, messages: list[Message]) -> None:
         """Insert or update these messages, in order, in one transaction."""
-        await self._write(self._upsert(conversation_id, messages))
+        await self._write(self._upsert(conversation_id, messages), conversation_id)
 
     def checkpoint(self, conversation_id: str, message: Message) -> None:
         """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
-        self._submit(self._upsert(conversation_id, [message]))
+        self._submit(self._upsert(conversation_id, [message]), conversation_id)

@@ -1,0 +1,142 @@
+"""The HTTP side: the page, the health check and a small JSON API for conversations."""
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel, StringConstraints
+
+from state import AppState, chat_state
+from utils import protocol
+from utils.conversations import Conversation
+from utils.export import conversation_markdown
+from utils.protocol import StorageError, Unicode
+from utils.providers import available_models
+
+router = APIRouter()
+templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
+
+# Defence in depth for the page: even markup that got past the sanitizer can neither run inline
+# script nor load anything from another origin.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+@router.get("/")
+async def page(request: Request) -> Any:
+    return templates.TemplateResponse(request, "index.html", headers=PAGE_HEADERS)
+
+
+@router.get("/healthz")
+async def healthz(request: Request) -> JSONResponse:
+    """200 while the app can serve; 503 while the database refuses writes (they are kept meanwhile)."""
+    state = chat_state(request.app)
+    failure = state.store.failure
+    body = {
+        "status": "ok" if failure is None else "failing",
+        "store": "ok" if failure is None else f"failing: {failure}",
+        "provider": state.provider.kind,
+        "running_turns": len(state.hub.running_turns),
+    }
+    return JSONResponse(body, status_code=200 if failure is None else 503)
+
+
+@router.get("/api/models")
+async def models(request: Request) -> dict[str, Any]:
+    """Every model a conversation can pick; the embedded one is listed even when the remote list fails."""
+    provider = chat_state(request.app).provider
+    names, error = await available_models(provider)
+    if error is not None and not names:
+        raise HTTPException(502, error)
+    return {"models": names, "provider": provider.describe(), **({"error": error} if error else {})}
+
+
+@router.get("/api/conversations")
+async def list_conversations(request: Request) -> dict[str, Any]:
+    records = await chat_state(request.app).store.list_conversations()
+    return {"conversations": [record.to_wire() for record in records]}
+
+
+@asynccontextmanager
+async def borrowed(state: AppState, conversation_id: str) -> AsyncIterator[Conversation]:
+    """The conversation for one HTTP request (404 if there is none), shared with its sockets."""
+    try:
+        async with state.hub.borrow(conversation_id) as conversation:
+            yield conversation
+    except protocol.UnknownSession as error:
+        raise HTTPException(404, error.message) from None
+    except StorageError as error:
+        raise HTTPException(503, error.message) from None
+
+
+@router.get("/api/conversations/{conversation_id}")
+async def get_conversation(request: Request, conversation_id: str) -> dict[str, Any]:
+    async with borrowed(chat_state(request.app), conversation_id) as conversation:
+        return {**conversation.record.to_wire(), "messages": [m.to_wire() for m in conversation.history]}
+
+
+# Surrounding spaces are dropped before the length is checked: a title of spaces is no title.
+Name = Annotated[str, StringConstraints(strict=True, strip_whitespace=True, min_length=1, max_length=200), Unicode]
+
+
+class ConversationChanges(BaseModel):
+    title: Name | None = None
+    model: Name | None = None
+    system_prompt: Annotated[str, StringConstraints(strict=True, max_length=20_000), Unicode] | None = None
+
+
+@router.patch("/api/conversations/{conversation_id}")
+async def change_conversation(request: Request, conversation_id: str, changes: ConversationChanges) -> dict[str, Any]:
+    """Rename, or change the model or system prompt of later turns; attached sockets are told."""
+    state = chat_state(request.app)
+    async with borrowed(state, conversation_id) as conversation:
+        record = conversation.record
+        for name, value in changes.model_dump(exclude_none=True).items():
+            setattr(record, name, value)
+        conversation.broadcast(protocol.conversation(record))
+        # If the database refuses the write, the change stays in memory and is written when it recovers.
+        await state.hub.ensure_stored(conversation)
+        await state.store.update_conversation(record)
+        return record.to_wire()
+
+
+@router.delete("/api/conversations/{conversation_id}", status_code=204)
+async def delete_conversation(request: Request, conversation_id: str) -> None:
+    """Delete a conversation: its running turn is stopped, then its sockets are told."""
+    state = chat_state(request.app)
+    async with borrowed(state, conversation_id) as conversation:
+        conversation.deleting = True  # from now on no turn starts and no socket opens it
+        try:
+            if (turn := conversation.turn) is not None and turn.task is not None:
+                turn.stop.set()
+                await asyncio.shield(turn.task)
+            if conversation.stored:
+                await state.store.delete_conversation(conversation.id)
+        except BaseException:
+            conversation.deleting = False  # still there: it can be used, or deleted again
+            raise
+        conversation.broadcast(protocol.deleted(conversation.id))
+        for subscriber in list(conversation.subscribers):
+            subscriber.detach()
+        state.hub.forget(conversation.id)
+
+
+@router.get("/api/conversations/{conversation_id}/export.md", response_class=PlainTextResponse)
+async def export_conversation(request: Request, conversation_id: str) -> PlainTextResponse:
+    async with borrowed(chat_state(request.app), conversation_id) as conversation:
+        markdown = conversation_markdown(conversation.record, conversation.history)
+    filename = f"pocketchat-{conversation.id[:8]}.md"
+    return PlainTextResponse(
+        markdown,
+        media_type="text/markdown; charset=utf-8",
+        headers={"Content-Disposition": f'attachment; filename="{filename}"'},
+    )

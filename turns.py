@@ -1,0 +1,85 @@
+"""Running a turn: the flow around the nodes, from the turn's opening write to its `turn_end`."""
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from flow import create_chat_flow
+from state import AppState
+from utils import protocol
+from utils.conversations import Conversation, Turn
+from utils.protocol import ProtocolError
+from utils.store import Store
+
+logger = logging.getLogger("pocketchat")
+CHECKPOINT_SECONDS = 2.0
+
+
+def start_turn(state: AppState, conversation: Conversation, turn: Turn) -> None:
+    turn.task = asyncio.create_task(run_turn(state, conversation, turn))
+
+
+async def run_turn(state: AppState, conversation: Conversation, turn: Turn) -> None:
+    """Run the flow for one turn, then close its log with `turn_end`, whatever happened."""
+    settings = state.settings
+    shared: dict[str, Any] = {
+        "conversation": conversation,
+        "turn": turn,
+        "channel": turn.log,
+        "llm": state.provider,
+        "store": state.store,
+        "context_budget": settings.context_budget,
+        "max_tokens": settings.max_tokens,
+    }
+    # The user message and an empty reply marked `streaming` are queued for the database first, so a
+    # crash leaves a turn that start-up marks interrupted. Waiting for that write would delay the
+    # first chunk under load; every later write of the turn is queued after it anyway.
+    opened = state.hub.open_turn(conversation, turn)
+    checkpoints = asyncio.create_task(checkpoint_reply(state.store, conversation.id, turn))
+    try:
+        await create_chat_flow(settings.retries, settings.retry_wait).run_async(shared)
+    except Exception:
+        logger.exception("turn %s failed", turn.id)
+        await fail_turn(state, conversation, turn)
+    finally:
+        checkpoints.cancel()
+        await asyncio.gather(opened, return_exceptions=True)  # a failed write is logged by the store
+        reply = turn.reply
+        stats = {k: reply.meta.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
+        turn.log.append(protocol.turn_end(turn.id, reply.status, reply.id, stats))
+        conversation.end(turn)
+        state.hub.release(conversation)
+        logger.info(
+            "turn %s conversation %s… status=%s chunks=%d ttft_ms=%s duration_ms=%d usage=%s",
+            turn.id,
+            conversation.id[:6],
+            reply.status,
+            turn.log.seq,
+            stats["ttft_ms"],
+            (time.monotonic() - turn.started_at) * 1000,
+            (stats["usage"] or {}).get("completion_tokens"),
+        )
+
+
+async def fail_turn(state: AppState, conversation: Conversation, turn: Turn) -> None:
+    """Record a turn a bug cut short, keeping what streamed, and tell the client."""
+    turn.reply_so_far()
+    turn.reply.status, turn.reply.error = "error", "PocketChat failed while writing this reply; see the server log."
+    if not any(message is turn.reply for message in conversation.history):
+        conversation.history.append(turn.reply)
+    turn.log.append(protocol.error(ProtocolError(turn.reply.error, turn.id)))
+    try:
+        await state.store.save_messages(conversation.id, [turn.reply])
+    except Exception:
+        logger.exception("could not record failed turn %s", turn.id)
+
+
+async def checkpoint_reply(store: Store, conversation_id: str, turn: Turn) -> None:
+    """Save the reply so far every few seconds, so that a crash loses little of it."""
+    saved_seq = 0
+    while True:
+        await asyncio.sleep(CHECKPOINT_SECONDS)
+        if turn.log.seq != saved_seq and turn.reply.status == "streaming":
+            saved_seq = turn.log.seq
+            store.checkpoint(conversation_id, turn.reply_so_far())
