@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, StringConstraints
@@ -29,6 +30,12 @@ PAGE_HEADERS = {
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+
+
+async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
+    """422 naming what is wrong, without echoing the value sent: it may be huge, or not even encodable."""
+    problems = [{"loc": problem["loc"], "msg": problem["msg"], "type": problem["type"]} for problem in error.errors()]
+    return JSONResponse({"detail": problems}, status_code=422)
 
 
 @router.get("/")

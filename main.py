@@ -15,10 +15,11 @@ from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from api import router
+from api import invalid_request, router
 from chat_socket import chat_socket
 from state import AppState
 from utils.providers import make_provider
@@ -55,6 +56,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="PocketChat", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
     app.include_router(router)
+    app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_api_websocket_route("/ws", chat_socket)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
     # The page's libraries, installed from the npm registry by `make` (package-lock.json pins them).

@@ -59,7 +59,10 @@ def test_model_and_system_prompt_apply_to_the_next_turn(app, fake):
     assert (ready["model"], ready["system_prompt"]) == ("fake-model-large", "Answer like a pirate.")
 
 
-@pytest.mark.parametrize("body", [{"title": ""}, {"title": 5}, {"model": ""}])
+@pytest.mark.parametrize(
+    "body",
+    [{"title": ""}, {"title": 5}, {"model": ""}, {"title": "   "}, {"model": " \t "}, {"title": "\ud83d"}],
+)
 def test_a_bad_change_is_refused_and_changes_nothing(app, body):
     session = app.client().hello()["session_id"]
     status, _ = request(app, "PATCH", f"/api/conversations/{session}", body)
@@ -103,3 +106,14 @@ def test_export_is_markdown_of_the_whole_conversation(app, fake):
 
 def test_models_come_from_the_provider_with_the_embedded_model_last(app):
     assert app.get("/api/models")["models"] == ["fake-model", "fake-model-large", "SmolLM2-135M-Instruct.Q4_1"]
+
+
+def test_the_embedded_model_is_listed_when_the_remote_provider_is_down(start_app):
+    app = start_app("--base-url", "http://127.0.0.1:9/v1", "--model", "remote-model", "--retries", "1")
+    listed = app.get("/api/models")
+    assert listed["models"] == ["SmolLM2-135M-Instruct.Q4_1"]
+    assert "Could not reach the provider at http://127.0.0.1:9/v1" in listed["error"]
+
+
+def test_the_health_check_says_ok_with_its_parts(app):
+    assert app.get("/healthz") == {"status": "ok", "store": "ok", "provider": "openai", "running_turns": 0}

@@ -1,10 +1,17 @@
 """History lives in a real SQLite file and survives restarts and crashes."""
 
+import contextlib
+import json
 import sqlite3
+import subprocess
 import time
+
+import pytest
 
 from tests.conftest import reply_text
 from tests.fake_openai import Reply
+from tests.test_api import request
+from tests.test_protocol import wait_for
 
 
 def test_history_survives_a_restart_on_the_same_database(app, fake):
@@ -62,3 +69,50 @@ def test_the_database_uses_wal_and_holds_both_messages_of_a_turn(app, fake):
         ).fetchall()
     assert [row[:2] for row in rows] == [("user", "complete"), ("assistant", "complete")]
     assert rows[0][2] == rows[1][2] is not None
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A real 8 MiB filesystem (tmpfs) that a test can fill up and free again."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small filesystem here (needs root): {mounted.stderr.decode().strip()}")
+    yield disk
+    subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def fill(disk) -> None:
+    with (disk / "ballast").open("wb") as ballast, contextlib.suppress(OSError):  # ENOSPC: full
+        while True:
+            ballast.write(b"\0" * 65536)
+            ballast.flush()
+
+
+def test_a_full_disk_ends_the_turn_with_a_clear_error_and_loses_nothing_once_space_returns(start_app, fake, small_disk):
+    app = start_app("--db-path", str(small_disk / "chat.db"))
+    client = app.client()
+    session = client.hello()["session_id"]
+    assert client.turn("before the disk fills")[-1]["status"] == "complete"
+    fill(small_disk)
+    answer = ["a long answer that must not be lost. "] * 300
+    fake.queue(Reply(tokens=answer))
+    frames = client.turn("while the disk is full")
+    errors = [f for f in frames if f["type"] == "error"]
+    assert [e["code"] for e in errors] == ["storage_error"]
+    assert "full" in errors[0]["message"] and "kept" in errors[0]["message"]
+    assert frames[-1]["status"] == "error"
+    status, body = request(app, "GET", "/healthz")
+    assert status == 503 and json.loads(body)["store"].startswith("failing: database or disk is full")
+    # The reply is kept in memory: a second tab sees all of it.
+    history = app.client().hello(session)["history"]
+    assert history[-1]["content"] == "".join(answer)
+    (small_disk / "ballast").unlink()
+    wait_for(lambda: request(app, "GET", "/healthz")[0] == 200, timeout=15)
+    assert client.turn("after the disk has room again")[-1]["status"] == "complete"
+    app.stop()  # shutdown completes
+    app.start()
+    stored = app.client().hello(session)["history"]
+    assert [m["content"] for m in stored][2:4] == ["while the disk is full", "".join(answer)]
+    assert len(stored) == 6

@@ -473,9 +473,9 @@ def test_a_foreign_origin_is_refused(app):
     assert refused.value.response.status_code == 403
 
 
-def test_the_pages_own_origin_and_allowed_origins_are_accepted(start_app):
-    app = start_app("--allowed-origins", "https://chat.example.org")
-    for origin in (f"http://127.0.0.1:{app.port}", "https://chat.example.org"):
+def test_the_pages_own_origin_and_allowed_origins_are_accepted_in_any_case(start_app):
+    app = start_app("--allowed-origins", "https://Chat.Example.org")
+    for origin in (f"http://127.0.0.1:{app.port}", "https://chat.example.org", "HTTPS://CHAT.EXAMPLE.ORG/"):
         assert app.client(Origin=origin).hello()["type"] == "ready"
 
 
