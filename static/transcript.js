@@ -1,7 +1,8 @@
 // The conversation on screen. Each message is one element that re-renders only when it changed,
-// at most once per animation frame; a long history is drawn newest first in small batches so the
-// page never freezes; the view sticks to the bottom while a reply streams unless the user scrolled up.
-import { renderMarkdown } from "./markdown.js";
+// at most once per animation frame, and a streaming reply redraws only its last Markdown block; a long
+// history is drawn newest first in small batches so the page never freezes; the view sticks to the
+// bottom while a reply streams unless the user scrolled up.
+import { MarkdownView } from "./markdown.js";
 
 const BATCH = 25;
 const STICK_PX = 48;
@@ -46,6 +47,7 @@ class MessageView {
     this.meta = element("p", "meta");
     this.actions = element("div", "actions");
     this.root.append(this.reasoning, this.body, this.notice, this.meta, this.actions);
+    this.markdown = message.role === "user" ? null : new MarkdownView(this.body);
     this.renderedText = null;
   }
 
@@ -64,8 +66,8 @@ class MessageView {
     this.root.dataset.status = m.status;
     this.root.setAttribute("aria-busy", m.status === "streaming" ? "true" : "false");
     if (m.content !== this.renderedText) {
-      if (m.role === "user") this.body.textContent = m.content;
-      else renderMarkdown(this.body, m.content);
+      if (this.markdown) this.markdown.render(m.content);
+      else this.body.textContent = m.content;
       this.renderedText = m.content;
     }
     this.reasoning.hidden = !m.reasoning;

@@ -1,5 +1,7 @@
 """The page in real headless Chromium (Debian's, driven by playwright) against the app and the fake."""
 
+import itertools
+import random
 import re
 import socket
 from collections.abc import Iterator
@@ -96,6 +98,127 @@ def test_a_reply_streams_in_as_markdown_with_a_working_copy_button(page: Page, f
     expect(reply.locator(".meta")).to_contain_text("fake-model")
     expect(reply.locator(".meta")).to_contain_text("tokens/s")
     expect(page.locator(".message.user .body")).to_have_text("Show me a table and some code")
+
+
+STREAMED_MARKDOWN = """# Streaming Markdown
+
+Some prose with **bold**, `code` and a [reference link][docs].
+
+[docs]: https://example.org/docs "The docs"
+
+Setext heading
+--------------
+
+1. first
+2. second
+
+   still the second item
+
+3. third
+- a bullet list right after
+**a lazy line of the last item**
+
+| language | typed |
+|---|:---:|
+| Python | gradually |
+| Rust | yes |
+
+```python
+def greet(name: str) -> str:
+    return f"hello {name}"
+```
+Between the blocks, without a blank line.
+```javascript
+const add = (a, b) => a + b;
+```
+
+```rust
+fn main() {
+    println!("hi");
+}
+```
+
+> a quote
+continued lazily
+
+    indented code
+
+```sql
+SELECT 1;
+```
+"""
+# A full render of `text` in the page, by the page's own module, into an element of its own.
+FULL_RENDER = """async (text) => {
+  const { MarkdownView } = await import("/static/markdown.js");
+  const element = document.createElement("div");
+  new MarkdownView(element).render(text);
+  return element.innerHTML;
+}"""
+
+
+def test_a_streamed_reply_keeps_its_finished_blocks_and_ends_as_a_full_render(page: Page, fake: FakeOpenAI):
+    sizes = [1, 3, 2, 5, 7, 4]  # uneven pieces, so that fences, rows and list markers arrive split
+    pieces, start = [], 0
+    for size in itertools.cycle(sizes):
+        if start >= len(STREAMED_MARKDOWN):
+            break
+        pieces.append(STREAMED_MARKDOWN[start : start + size])
+        start += size
+    fake.queue(Reply(tokens=pieces, pace=0.005))
+    send(page, "Show me some Markdown")
+    reply = replies(page).last
+    heading = reply.locator(".body h1")
+    expect(reply.locator(".body h2")).to_have_count(1)  # the heading is finished: blocks follow it
+    heading.evaluate("(h1) => { window.firstHeading = h1; }")
+    wait_done(page)
+    assert heading.evaluate("(h1) => h1 === window.firstHeading")  # drawn once, never replaced
+    for language in ["python", "javascript", "rust", "sql"]:
+        expect(reply.locator(f"pre code.hljs.language-{language}")).to_have_count(1)
+    expect(reply.locator("a[href='https://example.org/docs']")).to_have_text("reference link")
+    assert reply.locator(".body").inner_html() == page.evaluate(FULL_RENDER, STREAMED_MARKDOWN)
+
+
+# Texts after which marked changes its mind about lines it has read as more text arrives: lists that go
+# on after a blank line or take in a lazy line, a line that an ordered list cannot interrupt, underlines
+# that make a heading, rows that make a table, link definitions that come after their links.
+TRICKY_TEXTS = [
+    "abc\n10. ten\n- item\n", "| a | b |\n2. b\n  - deep\n[x]\n", "- item\n**bold** line\n", "1. a\n\n2. b\n",
+    "para\n| a | b |\n|---|---|\n| 1 | 2 |\n", "Setext\n---\nnext\n", "[x][foo]\n\n[foo]: https://example.org/foo\n",
+    "[x][bar]\n\na\n\nb\n\nc\n\n[bar]: https://example.org/bar\n",
+]  # fmt: skip
+# And random texts of such pieces.
+TRICKY_PIECES = [
+    "# Title\n", "Prose with *emphasis* and a [link](https://example.org).\n", "\n", "\n\n", "abc\n", "| c |\n",
+    "- item\n", "  continued\n", "-\n", "* star\n", "1. first\n", "2. second\n", "10. ten\n", "1.\n", "\t- tab\n",
+    "   - nested\n", "- [x] done\n", "**bold\n", "text**\n", "===\n", "---\n", "| a | b |\n", "|---|---|\n",
+    "| 1 | 2 |\n", "```python\nx = 1\n", "```\n", "~~~\n", "    indented\n", "> quote\n", "<div>\n",
+    "<!-- c -->\n", "[ref][foo]\n", "[foo]: https://example.org/foo\n", "[Foo]\n", "x  \n", "\\\n",
+]  # fmt: skip
+# Render each text in turn into one element, block by block; the first whose drawing differs from a full
+# render of it, or null.
+FIRST_DIFFERENT = """async (texts) => {
+  const { MarkdownView } = await import("/static/markdown.js");
+  const full = (text) => {
+    const element = document.createElement("div");
+    new MarkdownView(element).render(text);
+    return element.innerHTML;
+  };
+  const element = document.createElement("div");
+  const view = new MarkdownView(element);
+  return texts.find((text) => {
+    view.render(text);
+    return element.innerHTML !== full(text);
+  }) ?? null;
+}"""
+
+
+def test_markdown_drawn_block_by_block_equals_a_full_render_at_every_step(page: Page):
+    pick = random.Random(8)
+    texts = TRICKY_TEXTS + ["".join(pick.choices(TRICKY_PIECES, k=pick.randint(3, 14))) for _ in range(150)]
+    texts.append("# One\n\na\n\nb\n\nc\n\nd\n")
+    growing = [text[:end] for text in texts for end in range(1, len(text) + 1)]
+    edited = "# Two\n\na\n\nb\n\nc\n\nd\n"  # a change among the finished blocks of the text before
+    assert page.evaluate(FIRST_DIFFERENT, [*growing, edited]) is None
 
 
 XSS = (
