@@ -52,10 +52,10 @@ export class Connection {
 
   /**
    * The current socket closed: the server closed it, with a code that says why, or the network or the
-   * server went away. Every code the protocol has means "come back": 1011 (the server failed outside
-   * a turn), 1009 (a frame far too large) and 1013 (this page fell too far behind a stream; the `hello`
-   * on the next socket resumes the reply from the server's copy, as after any drop). A code that calls
-   * for something else gets its own line here, before the reconnect.
+   * server went away. Every code the server sends (docs/protocol.md) means "come back": 1009 (a frame
+   * far too large), 1011 (a failure outside a turn), 1012 (a restart) and 1013 (this page fell too far
+   * behind a stream; the `hello` on the next socket resumes the reply, as after any drop). A code
+   * that calls for something else gets its own line here, before the reconnect.
    */
   closed(code) {
     this.socket = null;
