@@ -3,16 +3,16 @@
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
-from fastapi.templating import Jinja2Templates
+from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from pydantic import BaseModel, StringConstraints
 
-from state import AppState, chat_state
+from auth import user_of, visitor_of
+from pages import render_page
+from state import chat_state
 from utils import protocol
 from utils.conversations import Conversation
 from utils.export import conversation_markdown
@@ -20,16 +20,6 @@ from utils.protocol import StorageError, Unicode
 from utils.providers import available_models
 
 router = APIRouter()
-templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
-
-# Defence in depth for the page: even markup that got past the sanitizer can neither run inline
-# script nor load anything from another origin.
-PAGE_HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-    "connect-src 'self'; object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
-    "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
-}
 
 
 async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -39,8 +29,16 @@ async def invalid_request(request: Request, error: RequestValidationError) -> JS
 
 
 @router.get("/")
-async def page(request: Request) -> Any:
-    return templates.TemplateResponse(request, "index.html", headers=PAGE_HEADERS)
+async def page(request: Request) -> Response:
+    mode = chat_state(request.app).sign_in.mode
+    # Behind a proxy the page names the user; with a token it offers to sign out.
+    return render_page(request, "index.html", {"auth": mode, "user": visitor_of(request).user})
+
+
+@router.get("/livez")
+async def livez() -> dict[str, str]:
+    """200 while the process serves at all (a restart is the cure when it does not)."""
+    return {"status": "alive"}
 
 
 @router.get("/healthz")
@@ -69,15 +67,16 @@ async def models(request: Request) -> dict[str, Any]:
 
 @router.get("/api/conversations")
 async def list_conversations(request: Request) -> dict[str, Any]:
-    records = await chat_state(request.app).store.list_conversations()
+    records = await chat_state(request.app).store.list_conversations(user_of(request))
     return {"conversations": [record.to_wire() for record in records]}
 
 
 @asynccontextmanager
-async def borrowed(state: AppState, conversation_id: str) -> AsyncIterator[Conversation]:
-    """The conversation for one HTTP request (404 if there is none), shared with its sockets."""
+async def borrowed(request: Request, conversation_id: str) -> AsyncIterator[Conversation]:
+    """The user's conversation for one HTTP request (404 if they have none by that id), shared with its
+    sockets."""
     try:
-        async with state.hub.borrow(conversation_id) as conversation:
+        async with chat_state(request.app).hub.borrow(conversation_id, user_of(request)) as conversation:
             yield conversation
     except protocol.UnknownSession as error:
         raise HTTPException(404, error.message) from None
@@ -87,7 +86,7 @@ async def borrowed(state: AppState, conversation_id: str) -> AsyncIterator[Conve
 
 @router.get("/api/conversations/{conversation_id}")
 async def get_conversation(request: Request, conversation_id: str) -> dict[str, Any]:
-    async with borrowed(chat_state(request.app), conversation_id) as conversation:
+    async with borrowed(request, conversation_id) as conversation:
         return {**conversation.record.to_wire(), "messages": [m.to_wire() for m in conversation.history]}
 
 
@@ -105,7 +104,7 @@ class ConversationChanges(BaseModel):
 async def change_conversation(request: Request, conversation_id: str, changes: ConversationChanges) -> dict[str, Any]:
     """Rename, or change the model or system prompt of later turns; attached sockets are told."""
     state = chat_state(request.app)
-    async with borrowed(state, conversation_id) as conversation:
+    async with borrowed(request, conversation_id) as conversation:
         record = conversation.record
         for name, value in changes.model_dump(exclude_none=True).items():
             setattr(record, name, value)
@@ -120,7 +119,7 @@ async def change_conversation(request: Request, conversation_id: str, changes: C
 async def delete_conversation(request: Request, conversation_id: str) -> None:
     """Delete a conversation: its running turn is stopped, then its sockets are told."""
     state = chat_state(request.app)
-    async with borrowed(state, conversation_id) as conversation:
+    async with borrowed(request, conversation_id) as conversation:
         conversation.deleting = True  # from now on no turn starts and no socket opens it
         try:
             if (turn := conversation.turn) is not None and turn.task is not None:
@@ -139,7 +138,7 @@ async def delete_conversation(request: Request, conversation_id: str) -> None:
 
 @router.get("/api/conversations/{conversation_id}/export.md", response_class=PlainTextResponse)
 async def export_conversation(request: Request, conversation_id: str) -> PlainTextResponse:
-    async with borrowed(chat_state(request.app), conversation_id) as conversation:
+    async with borrowed(request, conversation_id) as conversation:
         markdown = conversation_markdown(conversation.record, conversation.history)
     filename = f"pocketchat-{conversation.id[:8]}.md"
     return PlainTextResponse(

@@ -14,16 +14,16 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
 
+from auth import SIGNED_OUT, VISITOR, Visitor, same_origin
 from state import AppState, chat_state
 from turns import start_turn
 from utils import protocol
 from utils.conversations import Conversation
-from utils.protocol import BadFrame, ProtocolError
+from utils.protocol import BadFrame, ProtocolError, RateLimited
 from utils.turn_log import TurnLog
 
 logger = logging.getLogger("pocketchat")
@@ -32,8 +32,22 @@ MAX_QUEUED = 256  # frames and logs waiting for one socket before it counts as f
 GONE = (WebSocketDisconnect, WebSocketDisconnected, OSError)  # the socket closed under us
 
 
-class FellBehind(Exception):
+class Close(Exception):
+    """The socket must be closed with `code`."""
+
+    code = 1011
+
+
+class FellBehind(Close):
     """The socket stopped accepting frames fast enough."""
+
+    code = 1013
+
+
+class SignedOut(Close):
+    """Its session was revoked: the page shows the sign-in page."""
+
+    code = SIGNED_OUT
 
 
 @dataclass
@@ -49,15 +63,16 @@ class Follow:
 class Client:
     """One WebSocket: reads frames, acts on them, and sends what it should see, never blocking others."""
 
-    def __init__(self, websocket: WebSocket, state: AppState) -> None:
+    def __init__(self, websocket: WebSocket, state: AppState, user: str) -> None:
         self.websocket = websocket
         self.state = state
+        self.user = user
         self.conversation: Conversation | None = None
         self._frames: deque[str] = deque()
         self._follows: deque[Follow] = deque()
         self._queued_frames = 0  # how many frames were ever queued; and sent:
         self._sent_frames = 0
-        self._overflowed = False
+        self._closing: Close | None = None
         self._wake_frames = asyncio.Event()
         self._wake_logs = asyncio.Event()
         self._sending_log: tuple[Follow, asyncio.Task[None]] | None = None
@@ -86,11 +101,17 @@ class Client:
         conversation.subscribers.discard(self)
         self.state.hub.release(conversation)
 
+    def sign_out(self) -> None:
+        self._close(SignedOut("its session was revoked"))
+
+    def _close(self, reason: Close) -> None:
+        self._closing = self._closing or reason  # the frame sender closes the socket
+        self._wake_frames.set()
+
     def _full(self) -> bool:
         if len(self._frames) + len(self._follows) >= MAX_QUEUED:
-            self._overflowed = True  # the frame sender closes the socket
-            self._wake_frames.set()
-        return self._overflowed
+            self._close(FellBehind(f"over {MAX_QUEUED} frames waiting"))
+        return self._closing is not None
 
     def _stop_following(self, conversation: Conversation) -> None:
         self._follows = deque(f for f in self._follows if f.conversation is not conversation)
@@ -113,7 +134,8 @@ class Client:
         for outcome in outcomes:
             if isinstance(outcome, FellBehind):
                 logger.warning("closing a WebSocket that fell behind (%s)", outcome)
-                close_code = close_code or 1013
+            if isinstance(outcome, Close):
+                close_code = close_code or outcome.code
             elif isinstance(outcome, Exception) and not isinstance(outcome, GONE):
                 logger.error("WebSocket handler failed", exc_info=outcome)
                 close_code = 1011
@@ -136,9 +158,9 @@ class Client:
 
     async def _send_frames(self) -> None:
         while True:
-            while not self._frames:
-                if self._overflowed:
-                    raise FellBehind(f"over {MAX_QUEUED} frames waiting")
+            while not self._frames or self._closing is not None:
+                if self._closing is not None:
+                    raise self._closing
                 self._wake_frames.clear()
                 await self._wake_frames.wait()
             await self._send_text(self._frames[0])
@@ -189,19 +211,23 @@ class Client:
             if turn is not None and frame.turn_id in (None, turn.id):
                 turn.stop.set()
             return
+        limits = self.state.limits
+        limits.check_message(self.user)
         if isinstance(frame, protocol.Message):
             conversation = conversation or await self.hello(None)
-            start_turn(self.state, conversation, conversation.begin_message(frame.content))
-            return
-        if conversation is None:
+            turn = conversation.begin_message(frame.content)
+        elif conversation is None:
             raise BadFrame(f"Say hello first: a '{frame.type}' needs a conversation.")
-        if isinstance(frame, protocol.Regenerate):
-            start_turn(self.state, conversation, conversation.begin_regenerate())
-        elif isinstance(frame, protocol.Edit):
-            start_turn(self.state, conversation, conversation.begin_edit(frame.message_id, frame.content))
+        elif isinstance(frame, protocol.Regenerate):
+            turn = conversation.begin_regenerate()
+        else:
+            turn = conversation.begin_edit(frame.message_id, frame.content)
+        limits.count_message(self.user)
+        start_turn(self.state, conversation, turn)
 
     async def hello(self, session_id: str | None) -> Conversation:
-        conversation = await self.state.hub.open(session_id) if session_id else self.state.new_conversation()
+        state = self.state
+        conversation = await state.hub.open(session_id, self.user) if session_id else state.new_conversation(self.user)
         self._attach(conversation)
         frame, log, after_seq = conversation.ready_frame(self.state.provider.describe())
         self.send(frame)
@@ -222,20 +248,29 @@ class Client:
                 self.state.hub.release(previous)
 
 
-def origin_allowed(websocket: WebSocket, allowed: list[str]) -> bool:
-    """Browsers send Origin: only the page's own origin and the configured ones may connect."""
-    origin = websocket.headers.get("origin")
-    if origin is None:
-        return True  # not a browser: no page of another site can be behind it
-    origin = origin.lower().rstrip("/")
-    return urlsplit(origin).netloc == websocket.headers.get("host", "").lower() or origin in allowed
-
-
 async def chat_socket(websocket: WebSocket) -> None:
     state = chat_state(websocket.app)
-    if not origin_allowed(websocket, state.settings.allowed_origins):
+    # Browsers send Origin: only the page's own origin and the configured ones may connect.
+    if not same_origin(websocket.headers, state.settings.allowed_origins):
         logger.warning("refused a WebSocket from origin %s", websocket.headers.get("origin"))
         await websocket.close(code=1008)
         return
+    visitor: Visitor = websocket.scope[VISITOR]
+    user = visitor.user
+    assert user is not None  # the sign-in middleware let no one else through
     await websocket.accept()
-    await Client(websocket, state).serve()
+    try:
+        state.limits.take_socket(user)
+    except RateLimited as limited:
+        await websocket.send_text(protocol.encode(protocol.error(limited)))
+        await websocket.close(1013)
+        return
+    client = Client(websocket, state, user)
+    if visitor.session_id is not None:
+        state.add_socket(visitor.session_id, client)
+    try:
+        await client.serve()
+    finally:
+        state.limits.sockets.remove(user)
+        if visitor.session_id is not None:
+            state.remove_socket(visitor.session_id, client)

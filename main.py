@@ -1,7 +1,9 @@
 """PocketChat's web app, wired together: settings, the process-wide resources, the HTTP routes
 (`api.py`) and the `/ws` WebSocket (`chat_socket.py`), whose turns run the flow (`turns.py`).
 
-Run it with `python main.py` (see `python main.py --help` for every setting).
+Run it with `python main.py` (see `python main.py --help` for every setting). Two commands work on the
+database instead: `python main.py --login-link` prints the sign-in link of `--auth token`, and
+`python main.py --revoke-sessions` signs every browser out.
 """
 
 import asyncio
@@ -19,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+import auth
 from api import invalid_request, router
 from chat_socket import chat_socket
 from state import AppState
@@ -28,6 +31,7 @@ from utils.store import Store
 
 logger = logging.getLogger("pocketchat")
 HERE = Path(__file__).parent
+COMMANDS = ("--login-link", "--revoke-sessions")
 STARTUP_MODEL_WAIT = 2.0  # seconds
 
 
@@ -40,6 +44,8 @@ def create_app(settings: Settings) -> FastAPI:
             logger.warning("marked %d replies cut short by an earlier crash as interrupted", interrupted)
         provider = make_provider(settings)
         app.state.chat = state = AppState(settings, store, provider)
+        await state.start()
+        announce_sign_in(settings, state.sign_in.token)
         warming = asyncio.create_task(provider.warm_up())
         if state.default_model is None:
             # Most providers name their default model in milliseconds: the first page then shows it at
@@ -53,8 +59,11 @@ def create_app(settings: Settings) -> FastAPI:
             await asyncio.gather(warming, return_exceptions=True)
             await state.aclose()
 
-    app = FastAPI(title="PocketChat", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app = FastAPI(title="PocketChat", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+    # The last added runs first: a request for a host we do not serve is refused before sign-in.
+    app.add_middleware(auth.SignInMiddleware)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
+    app.include_router(auth.router)
     app.include_router(router)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_api_websocket_route("/ws", chat_socket)
@@ -64,13 +73,15 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-class ShortenConversationIds(logging.Filter):
-    """Access log lines name a conversation by its first six characters: a whole id grants access to it."""
+class HideSecretsInAccessLog(logging.Filter):
+    """Access log lines show no sign-in token, and name a conversation by its first six characters
+    (with auth none, a whole id is enough to read it)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
             record.args = tuple(
-                CONVERSATION_PATH.sub(r"\1\2…", arg) if isinstance(arg, str) else arg for arg in record.args
+                CONVERSATION_PATH.sub(r"\1\2…", auth.access_log_without_secrets(arg)) if isinstance(arg, str) else arg
+                for arg in record.args
             )
         return True
 
@@ -78,10 +89,51 @@ class ShortenConversationIds(logging.Filter):
 CONVERSATION_PATH = re.compile(r"(/api/conversations/)([\w-]{6})[\w-]+")
 
 
+def sign_in_link(settings: Settings, token: str) -> str:
+    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    host = f"[{host}]" if ":" in host else host
+    return f"http://{host}:{settings.port}/login?token={token}"
+
+
+def announce_sign_in(settings: Settings, token: str | None) -> None:
+    """Show the sign-in link once, on the console only: a log collected elsewhere never holds the token."""
+    if token is None:
+        return
+    if sys.stderr.isatty():
+        print(f"\n    Sign in to PocketChat: {sign_in_link(settings, token)}\n", file=sys.stderr, flush=True)
+    else:
+        logger.info("sign-in is on (--auth token); `python main.py --login-link` prints the sign-in link")
+
+
+async def run_command(command: str, settings: Settings) -> None:
+    """--login-link or --revoke-sessions: work on the database, then exit."""
+    store = Store(settings.db_path)
+    store.open()
+    try:
+        if command == "--login-link":
+            print(sign_in_link(settings, await auth.access_token(settings, store)))
+        else:
+            revoked = await store.revoke_sessions()
+            print(f"Revoked {revoked} sessions: every browser must sign in again (open sockets close within seconds).")
+    finally:
+        store.close()
+
+
 def main(argv: list[str]) -> None:
-    settings = Settings(_cli_parse_args=argv)  # type: ignore[call-arg]  # pydantic-settings' init option
+    # Two commands that work on the database (with the settings that say where it is) instead of serving.
+    commands = [arg for arg in argv if arg in COMMANDS]
+    settings = Settings(_cli_parse_args=[arg for arg in argv if arg not in COMMANDS])  # type: ignore[call-arg]
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("uvicorn.access").addFilter(ShortenConversationIds())
+    if commands:
+        asyncio.run(run_command(commands[0], settings))
+        return
+    if problem := settings.exposure_problem():
+        sys.exit(problem)
+    if settings.auth_mode == "none" and not settings.on_loopback:
+        logger.warning(
+            "serving %s with no sign-in (--insecure-no-auth): anyone who reaches it reads everything", settings.host
+        )
+    logging.getLogger("uvicorn.access").addFilter(HideSecretsInAccessLog())
     # The HTTP client logs every request with its full URL, which may carry credentials; the turn's
     # own log line says what happened.
     logging.getLogger("httpx2").setLevel(logging.WARNING)
@@ -94,6 +146,9 @@ def main(argv: list[str]) -> None:
         # Chat frames are small: compressing each one cost more CPU than it saved bandwidth.
         ws_per_message_deflate=False,
         log_level=settings.log_level.lower(),
+        # Forwarded headers are read by the sign-in, from --trusted-proxies only; uvicorn's own reading
+        # would replace the peer address that decides whether to trust them.
+        proxy_headers=False,
         # A socket that reads nothing never finishes closing; shutdown waits for it no longer than
         # for any one frame, then stops the turns and stores their replies.
         timeout_graceful_shutdown=max(1, round(settings.send_timeout)),

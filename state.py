@@ -1,18 +1,28 @@
 """The process-wide resources, made once in the app's lifespan and reached through `app.state.chat`."""
 
 import asyncio
+import contextlib
 import logging
+from typing import Protocol
 
 from fastapi import FastAPI
 
+from auth import SignIn
 from utils import protocol
 from utils.conversations import Conversation, Hub
+from utils.limits import Limits
 from utils.llm_stream import ChatProvider
 from utils.protocol import ProviderError
 from utils.settings import Settings
 from utils.store import Store
 
 logger = logging.getLogger("pocketchat")
+SESSION_CHECK_SECONDS = 5.0  # how soon a socket notices its session was revoked elsewhere
+
+
+class SignedInSocket(Protocol):
+    def sign_out(self) -> None:
+        """Close with 4401: the page shows the sign-in page."""
 
 
 class AppState:
@@ -21,15 +31,58 @@ class AppState:
         self.store = store
         self.provider = provider
         self.hub = Hub(store)
+        self.limits = Limits(settings)
+        self.sign_in = SignIn(settings, store, self.limits)
         self.default_model = settings.model
         self._resolving: asyncio.Task[None] | None = None
+        self._sockets: dict[str, set[SignedInSocket]] = {}  # by session id
+        self._session_watch: asyncio.Task[None] | None = None
 
-    def new_conversation(self) -> Conversation:
+    async def start(self) -> None:
+        await self.sign_in.start()
+        self._session_watch = asyncio.create_task(self._close_sockets_of_dead_sessions())
+
+    def new_conversation(self, owner: str) -> Conversation:
         """A new conversation. Its model is the provider's default when known; a new chat never waits
         for the provider to say which (an unanswering one would hold `ready` for the idle limit)."""
+        self.limits.take_conversation(owner)
         if self.default_model is None:
             self.resolve_default_model()
-        return self.hub.create(self.default_model or "", self.settings.system_prompt)
+        return self.hub.create(owner, self.default_model or "", self.settings.system_prompt)
+
+    # ---- sessions and their sockets -------------------------------------------------------------
+
+    def add_socket(self, session_id: str, socket: SignedInSocket) -> None:
+        self._sockets.setdefault(session_id, set()).add(socket)
+
+    def remove_socket(self, session_id: str, socket: SignedInSocket) -> None:
+        if (sockets := self._sockets.get(session_id)) is not None:
+            sockets.discard(socket)
+            if not sockets:
+                del self._sockets[session_id]
+
+    async def sign_out(self, session_id: str) -> None:
+        """Revoke a session; its sockets on this process close now (on another, within seconds)."""
+        await self.store.revoke_sessions(session_id)
+        self.sign_in.forget(session_id)
+        for socket in self._sockets.pop(session_id, set()):
+            socket.sign_out()
+
+    async def _close_sockets_of_dead_sessions(self) -> None:
+        # Sessions are revoked by another tab's sign-out, by --revoke-sessions in another process, or expire.
+        while True:
+            await asyncio.sleep(SESSION_CHECK_SECONDS)
+            if not self._sockets:
+                continue
+            try:
+                dead = await self.store.dead_sessions(list(self._sockets))
+            except Exception:
+                logger.exception("could not check the sessions of open sockets")
+                continue
+            for session_id in dead:
+                self.sign_in.forget(session_id)
+                for socket in self._sockets.pop(session_id, set()):
+                    socket.sign_out()
 
     def resolve_default_model(self) -> asyncio.Task[None]:
         """Ask the provider for its default model in the background, one request at a time."""
@@ -55,8 +108,11 @@ class AppState:
 
     async def aclose(self) -> None:
         """Stop what is streaming so its partial replies are stored, then release the resources."""
-        if self._resolving is not None:
-            self._resolving.cancel()
+        for task in (self._resolving, self._session_watch):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         turns = self.hub.running_turns
         for turn in turns:
             turn.stop.set()

@@ -49,6 +49,7 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn) -> N
         stats = {k: reply.meta.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
         turn.log.append(protocol.turn_end(turn.id, reply.status, reply.id, stats))
         conversation.end(turn)
+        state.limits.running.remove(conversation.record.owner)
         state.hub.release(conversation)
         logger.info(
             "turn %s conversation %s… status=%s chunks=%d ttft_ms=%s duration_ms=%d usage=%s",

@@ -19,6 +19,11 @@ from tests.fake_openai import FakeOpenAI, FakeOpenAIThread
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "sk-test-SECRET-abcdef0123456789"
+# Tests send many messages a minute from one user; the limits are tested where a test sets them.
+NO_LIMITS = [
+    *("--limit-running-turns", "0", "--limit-messages-per-minute", "0"),
+    *("--limit-sockets", "0", "--limit-conversations-per-minute", "0"),
+]
 
 
 def free_port() -> int:
@@ -169,7 +174,7 @@ def start_app(tmp_path: Path, fake: FakeOpenAI) -> Iterator[Any]:
     started: list[AppProcess] = []
 
     def start(*args: str, env: dict[str, str] | None = None) -> AppProcess:
-        defaults = ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--retry-wait", "0.05"]
+        defaults = ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--retry-wait", "0.05", *NO_LIMITS]
         app = AppProcess(tmp_path, [*defaults, *args], {"POCKETCHAT_API_KEY": API_KEY, **(env or {})})
         started.append(app)
         return app.start()

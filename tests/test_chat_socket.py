@@ -38,7 +38,7 @@ def test_an_unexpected_failure_while_sending_closes_the_socket_with_1011_and_is_
         store.open()
         state = AppState(Settings(model="m"), store, UnavailableProvider("none"))
         websocket = BrokenWebSocket()
-        client = Client(websocket, state)  # type: ignore[arg-type]
+        client = Client(websocket, state, "local")  # type: ignore[arg-type]
         await asyncio.wait_for(client.serve(), 5)
         store.close()
         return websocket.closed_with, len(state.hub.conversations)

@@ -13,15 +13,15 @@ def test_a_conversation_an_http_request_is_using_stays_the_one_copy(tmp_path: Pa
         store = Store(tmp_path / "c.db")
         store.open()
         hub = Hub(store)
-        conversation = hub.create("fake-model", "")
+        conversation = hub.create("local", "fake-model", "")
         await hub.ensure_stored(conversation)
-        async with hub.borrow(conversation.id) as borrowed:
+        async with hub.borrow(conversation.id, "local") as borrowed:
             # The last socket on it leaves while the request still works on it (a PATCH awaiting
             # its write, say): a socket that opens it now must get the same object.
             hub.release(borrowed)
-            assert await hub.open(conversation.id) is borrowed
+            assert await hub.open(conversation.id, "local") is borrowed
         # Nobody uses it any more: it is let go, and the next open loads it from the store.
-        reloaded = await hub.open(conversation.id)
+        reloaded = await hub.open(conversation.id, "local")
         assert reloaded is not conversation and reloaded.id == conversation.id
         store.close()
 
@@ -36,7 +36,7 @@ def test_a_reply_left_streaming_with_no_turn_running_is_loaded_as_interrupted(tm
         # A turn whose final save never landed: its reply is still marked streaming in the database.
         reply = Message(role="assistant", content="half a", status="streaming")
         await store.open_turn(record.id, record, [Message(role="user", content="q"), reply], [])
-        conversation = await Hub(store).open(record.id)
+        conversation = await Hub(store).open(record.id, "local")
         store.close()
         return [(m.status, m.content) for m in conversation.history]
 

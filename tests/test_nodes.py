@@ -125,7 +125,7 @@ def test_a_bug_is_not_retried_and_the_turn_ends_as_an_internal_error(tmp_path, c
         store.open()
         provider = BrokenProvider()
         state = AppState(Settings(retries=3, retry_wait=0), store, provider)
-        conversation = state.hub.create("broken-model", "")
+        conversation = state.hub.create("local", "broken-model", "")
         turn = conversation.begin_message("hello")
         await run_turn(state, conversation, turn)
         frames = [json.loads(text) async for text in turn.log.follow(0)]

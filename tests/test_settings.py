@@ -38,6 +38,16 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "max_frame_bytes": ("4096", "8192"),
     "log_level": ("DEBUG", "ERROR"),
     "send_timeout": ("2.5", "3.5"),
+    "auth": ("token", "header"),
+    "insecure_no_auth": ("true", "false"),  # a switch: its one other value, and back
+    "token": ("token-one-0123456789", "token-two-0123456789"),
+    "auth_header": ("X-User-One", "X-User-Two"),
+    "trusted_proxies": ("10.0.0.0/8", "192.0.2.7"),
+    "session_days": ("7", "14"),
+    "limit_running_turns": ("5", "6"),
+    "limit_messages_per_minute": ("50", "60"),
+    "limit_sockets": ("7", "8"),
+    "limit_conversations_per_minute": ("9", "10"),
 }
 SETTINGS = list(Settings.model_fields)
 DOCUMENTED_OPENAI = {"base_url": "OPENAI_BASE_URL", "api_key": "OPENAI_API_KEY"}
@@ -45,6 +55,17 @@ DOCUMENTED_OPENAI = {"base_url": "OPENAI_BASE_URL", "api_key": "OPENAI_API_KEY"}
 
 def flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+def is_switch(name: str) -> bool:
+    return Settings.model_fields[name].annotation is bool
+
+
+def flag_args(name: str, raw: str) -> list[str]:
+    """The flags that set `name` to `raw`: a switch takes no value (--x, or --no-x)."""
+    if is_switch(name):
+        return [flag(name) if raw == "true" else "--no-" + flag(name)[2:]]
+    return [flag(name), raw]
 
 
 def load(*args: str) -> Settings:
@@ -72,7 +93,8 @@ def test_every_setting_has_samples():
     for name, (one, two) in SAMPLES.items():
         default = Settings.model_fields[name].get_default(call_default_factory=True)
         assert expected(name, one) != expected(name, two)
-        assert default not in (expected(name, one), expected(name, two))
+        assert default != expected(name, one)
+        assert is_switch(name) or default != expected(name, two)
 
 
 @pytest.mark.parametrize("name", SETTINGS)
@@ -93,12 +115,12 @@ def test_the_prefixed_variable_sets_it_and_the_flag_wins(monkeypatch, name):
     one, two = SAMPLES[name]
     monkeypatch.setenv(f"POCKETCHAT_{name.upper()}", one)
     assert getattr(load(), name) == expected(name, one)
-    assert getattr(load(flag(name), two), name) == expected(name, two)
+    assert getattr(load(*flag_args(name, two)), name) == expected(name, two)
 
 
 @pytest.mark.parametrize("name", SETTINGS)
 def test_the_flag_sets_it(name):
-    assert getattr(load(flag(name), SAMPLES[name][0]), name) == expected(name, SAMPLES[name][0])
+    assert getattr(load(*flag_args(name, SAMPLES[name][0])), name) == expected(name, SAMPLES[name][0])
 
 
 @pytest.mark.parametrize("name", DOCUMENTED_OPENAI)

@@ -161,9 +161,10 @@ class Hub:
         """The conversations in memory now."""
         return list(self._live.values())
 
-    def create(self, model: str, system_prompt: str) -> Conversation:
+    def create(self, owner: str, model: str, system_prompt: str) -> Conversation:
         """A new conversation, in memory until `ensure_stored`."""
-        conversation = Conversation(ConversationRecord(model=model, system_prompt=system_prompt), [], stored=False)
+        record = ConversationRecord(model=model, system_prompt=system_prompt, owner=owner)
+        conversation = Conversation(record, [], stored=False)
         self._live[conversation.id] = conversation
         self._let_go_of_old_unstored()
         return conversation
@@ -181,7 +182,9 @@ class Hub:
             conversation.stored = True
             await self.store.create_conversation(conversation.record)
 
-    async def open(self, conversation_id: str) -> Conversation:
+    async def open(self, conversation_id: str, owner: str) -> Conversation:
+        """The conversation, if `owner` owns it. Anyone else is told exactly what they would be told
+        for an id that does not exist: nothing says it exists."""
         if (live := self._live.get(conversation_id)) is None:
             # Two sockets opening the same conversation at once must get the same object.
             if (loading := self._loading.get(conversation_id)) is None:
@@ -190,7 +193,9 @@ class Hub:
             loaded = await asyncio.shield(loading)
             # Another socket may have let it go while we waited; whoever holds it now shares this one.
             live = None if loaded is None else self._live.setdefault(conversation_id, loaded)
-        if live is None or live.deleting:
+        if live is None or live.deleting or live.record.owner != owner:
+            if live is not None:
+                self.release(live)  # loaded for nobody: not kept
             raise UnknownSession("No conversation has that id; it may have been deleted.")
         return live
 
@@ -211,10 +216,10 @@ class Hub:
             del self._loading[conversation_id]
 
     @asynccontextmanager
-    async def borrow(self, conversation_id: str) -> AsyncIterator[Conversation]:
+    async def borrow(self, conversation_id: str, owner: str) -> AsyncIterator[Conversation]:
         """The conversation, kept in memory while the block runs (an HTTP request's), so that a socket
         opening it meanwhile gets this same copy rather than a second one loaded from the store."""
-        conversation = await self.open(conversation_id)
+        conversation = await self.open(conversation_id, owner)
         conversation.borrowers += 1
         try:
             yield conversation

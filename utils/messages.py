@@ -44,6 +44,7 @@ class ConversationRecord:
     model: str
     system_prompt: str
     title: str | None = None
+    owner: str = "local"  # who may see it: the one local user, or the user an authenticating proxy names
     id: str = field(default_factory=new_id)
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)

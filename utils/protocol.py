@@ -5,6 +5,7 @@ constructor here; every `error.code` is an exception class here.
 """
 
 import json
+import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
@@ -61,6 +62,16 @@ class UnknownSession(ProtocolError):
 
 class NothingToRegenerate(ProtocolError):
     code = "nothing_to_regenerate"
+
+
+class RateLimited(ProtocolError):
+    """The user went over one of their limits; nothing already running is touched."""
+
+    code = "rate_limited"
+
+    def __init__(self, message: str, retry_after: float) -> None:
+        super().__init__(message)
+        self.retry_after = max(1, math.ceil(retry_after))  # whole seconds, as HTTP's Retry-After
 
 
 class StorageError(ProtocolError):
@@ -215,6 +226,8 @@ def error(error: ProtocolError) -> dict[str, Any]:
         frame["turn_id"] = error.turn_id
     if isinstance(error, ProviderError) and error.status is not None:
         frame["status"] = error.status
+    if isinstance(error, RateLimited):
+        frame["retry_after"] = error.retry_after
     return frame
 
 

@@ -110,6 +110,42 @@ class Settings(BaseSettings):
         "code 1013 and its page reconnects and resumes.",
     )
     log_level: LogLevel = Field("INFO", description="Logging level: DEBUG, INFO, WARNING, ERROR or CRITICAL.")
+    auth: Literal["none", "token", "header"] | None = Field(
+        None,
+        description="Who may use the app: 'none' (anyone who reaches it; loopback only), 'token' (one access "
+        "token, then a session cookie) or 'header' (the user an authenticating proxy names). Unset: 'none' "
+        "on a loopback address, 'token' on any other.",
+    )
+    insecure_no_auth: bool = Field(
+        False,
+        description="Allow --auth none on an address beyond loopback: anyone who reaches the app reads and "
+        "deletes every conversation.",
+    )
+    token: SecretStr | None = Field(
+        None,
+        min_length=16,
+        description="The access token of --auth token (16 characters at least); unset: one is made on first "
+        "start (192 random bits) and kept in the database.",
+    )
+    auth_header: str = Field(
+        "X-Forwarded-User",
+        min_length=1,
+        description="With --auth header: the request header that names the user, set by the proxy.",
+    )
+    trusted_proxies: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["127.0.0.1", "::1"],
+        description="Addresses or networks (10.0.0.0/8) of the proxies in front of the app, comma-separated: "
+        "only from them are --auth-header and X-Forwarded-For/-Proto believed.",
+    )
+    session_days: float = Field(30.0, gt=0, description="Days a sign-in lasts.")
+    limit_running_turns: int = Field(3, ge=0, description="Replies one user may have streaming at once (0: no limit).")
+    limit_messages_per_minute: int = Field(
+        20, ge=0, description="Messages (and regenerates and edits) one user may send a minute (0: no limit)."
+    )
+    limit_sockets: int = Field(20, ge=0, description="WebSockets (tabs) one user may have open (0: no limit).")
+    limit_conversations_per_minute: int = Field(
+        30, ge=0, description="New conversations one user may start a minute (0: no limit)."
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -124,7 +160,7 @@ class Settings(BaseSettings):
         # No .env file and no secrets directory: nothing configures the app unseen.
         return init_settings, env_settings, OpenAIVariables(settings_cls)
 
-    @field_validator("allowed_origins", "allowed_hosts", mode="before")
+    @field_validator("allowed_origins", "allowed_hosts", "trusted_proxies", mode="before")
     @classmethod
     def _split_list(cls, value: object) -> object:
         if isinstance(value, str):
@@ -140,6 +176,11 @@ class Settings(BaseSettings):
     @classmethod
     def _normalize_hosts(cls, hosts: list[str]) -> list[str]:
         return [host_pattern(host) for host in hosts]
+
+    @field_validator("trusted_proxies")
+    @classmethod
+    def _parse_networks(cls, proxies: list[str]) -> list[str]:
+        return [str(ipaddress.ip_network(proxy, strict=False)) for proxy in proxies]
 
     @field_validator("host")
     @classmethod
@@ -162,6 +203,31 @@ class Settings(BaseSettings):
         if self.host == "0.0.0.0" or ((address := _ipv6(self.host)) and address.is_unspecified):
             return ["*"]
         return sorted({"127.0.0.1", "localhost", "[::1]", host_pattern(self.host)})
+
+    @property
+    def on_loopback(self) -> bool:
+        """Whether only this machine can reach the app."""
+        if self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False  # a host name: it may resolve to any address
+
+    @property
+    def auth_mode(self) -> Literal["none", "token", "header"]:
+        """The sign-in in force, once the default for the bind address is decided."""
+        return self.auth or ("none" if self.on_loopback else "token")
+
+    def exposure_problem(self) -> str | None:
+        """Why these settings must not serve, if they must not: no sign-in beyond loopback."""
+        if self.auth_mode == "none" and not self.on_loopback and not self.insecure_no_auth:
+            return (
+                f"Refusing to serve {self.host} without a sign-in: anyone who reaches it could read every "
+                "conversation. Use --auth token (or POCKETCHAT_AUTH=token), or --auth header behind an "
+                "authenticating proxy; --insecure-no-auth overrides this."
+            )
+        return None
 
     @property
     def provider_kind(self) -> Literal["local", "openai"]:

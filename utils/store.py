@@ -1,10 +1,11 @@
-"""Conversations and messages in one SQLite file.
+"""Conversations, messages, sign-in sessions and the app's secrets in one SQLite file.
 
 One writer thread owns the only write connection, so writes never block the event loop and never
 contend; reads open their own connection on a worker thread (WAL lets them run beside the writer).
 """
 
 import asyncio
+import hashlib
 import json
 import logging
 import queue
@@ -25,7 +26,10 @@ T = TypeVar("T")
 RETRY_SECONDS = 2.0  # how often writes the database refused are tried again
 MAX_UNWRITTEN = 10_000  # writes kept for a database that does not recover; the oldest go first
 
-SCHEMA = """
+# The schema, one step per version; `PRAGMA user_version` says how many steps a file has had. The
+# first step is the schema of the first release, so its files (version 0) take it as a no-op.
+MIGRATIONS = [
+    """
 CREATE TABLE IF NOT EXISTS conversations (
     id TEXT PRIMARY KEY,
     title TEXT,
@@ -48,7 +52,22 @@ CREATE TABLE IF NOT EXISTS messages (
     created_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, seq);
-"""
+""",
+    # Sign-in: every conversation has an owner (the one local user, for those made before), sessions
+    # are recorded so that they can be revoked, and the secret that signs them lives here.
+    """
+ALTER TABLE conversations ADD COLUMN owner TEXT NOT NULL DEFAULT 'local';
+CREATE INDEX conversations_by_owner ON conversations(owner, updated_at);
+CREATE TABLE sessions (
+    id_hash TEXT PRIMARY KEY,
+    user TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    revoked_at REAL
+);
+CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+""",
+]
 
 UPSERT_MESSAGE = """
 INSERT INTO messages (id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at)
@@ -66,16 +85,39 @@ def _connect(path: Path) -> sqlite3.Connection:
     return connection
 
 
+def _migrate(db: sqlite3.Connection) -> None:
+    """Bring the file's schema up to date, each step in its own transaction."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
+        db.executescript(f"BEGIN; {step} PRAGMA user_version = {number}; COMMIT;")
+        logger.info("database schema upgraded to version %d", number)
+
+
 def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> None:
     db.execute(
-        "INSERT INTO conversations (id, title, model, system_prompt, created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?)",
-        (record.id, record.title, record.model, record.system_prompt, record.created_at, record.updated_at),
+        "INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            record.id,
+            record.owner,
+            record.title,
+            record.model,
+            record.system_prompt,
+            record.created_at,
+            record.updated_at,
+        ),
     )
+
+
+def session_hash(session_id: str) -> str:
+    """What the database keeps of a session id: its hash, so that a copy of the file signs nobody in."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
 
 
 def _conversation(row: sqlite3.Row) -> ConversationRecord:
     return ConversationRecord(
         id=row["id"],
+        owner=row["owner"],
         title=row["title"],
         model=row["model"],
         system_prompt=row["system_prompt"],
@@ -126,7 +168,7 @@ class Store:
         # With WAL, NORMAL loses nothing when the process crashes, only on power loss, and spares an
         # fsync per commit.
         connection.execute("PRAGMA synchronous = NORMAL")
-        connection.executescript(SCHEMA)
+        _migrate(connection)
         interrupted = connection.execute(
             "UPDATE messages SET status = 'interrupted' WHERE status = 'streaming'"
         ).rowcount
@@ -215,13 +257,15 @@ class Store:
         else:
             job.done.set_exception(error)
 
-    def _submit(self, work: Callable[[sqlite3.Connection], T], conversation_id: str, retry: bool = True) -> Future[T]:
+    def _submit(
+        self, work: Callable[[sqlite3.Connection], T], conversation_id: str | None, retry: bool = True
+    ) -> Future[T]:
         done: Future[T] = Future()
         self._jobs.put(Job(work, done, conversation_id, retry))
         return done
 
     def _write(
-        self, work: Callable[[sqlite3.Connection], T], conversation_id: str, retry: bool = True
+        self, work: Callable[[sqlite3.Connection], T], conversation_id: str | None, retry: bool = True
     ) -> asyncio.Future[T]:
         """Queue a write now (writes run in the order they are queued); await the result when it matters."""
         future = asyncio.wrap_future(self._submit(work, conversation_id, retry))
@@ -260,13 +304,9 @@ class Store:
             retry=False,
         )
 
-    async def list_conversations(self) -> list[ConversationRecord]:
-        return await self._read(
-            lambda db: [
-                _conversation(row)
-                for row in db.execute("SELECT * FROM conversations ORDER BY updated_at DESC, created_at DESC")
-            ]
-        )
+    async def list_conversations(self, owner: str) -> list[ConversationRecord]:
+        query = "SELECT * FROM conversations WHERE owner = ? ORDER BY updated_at DESC, created_at DESC"
+        return await self._read(lambda db: [_conversation(row) for row in db.execute(query, (owner,))])
 
     async def load(self, conversation_id: str) -> tuple[ConversationRecord, list[Message]] | None:
         def work(db: sqlite3.Connection) -> tuple[ConversationRecord, list[Message]] | None:
@@ -325,3 +365,44 @@ class Store:
     def checkpoint(self, conversation_id: str, message: Message) -> None:
         """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
         self._submit(self._upsert(conversation_id, [message]), conversation_id)
+
+    # ---- sign-in ---------------------------------------------------------------------------------
+
+    async def secret(self, name: str, make: Callable[[], str]) -> str:
+        """The secret `name`, made by `make()` and kept the first time it is asked for."""
+        value = make()
+
+        def work(db: sqlite3.Connection) -> str:
+            db.execute("INSERT OR IGNORE INTO secrets (name, value) VALUES (?, ?)", (name, value))
+            return db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()[0]
+
+        return await self._write(work, None, retry=False)
+
+    async def create_session(self, session_id: str, user: str, lifetime: float) -> None:
+        now = time.time()
+        row = (session_hash(session_id), user, now, now + lifetime)
+        await self._write(lambda db: db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, NULL)", row), None, False)
+
+    async def session_user(self, session_id: str) -> str | None:
+        """The user of a session that is neither revoked nor expired."""
+        query = "SELECT user FROM sessions WHERE id_hash = ? AND revoked_at IS NULL AND expires_at > ?"
+        row = await self._read(lambda db: db.execute(query, (session_hash(session_id), time.time())).fetchone())
+        return row[0] if row else None
+
+    async def revoke_sessions(self, session_id: str | None = None) -> int:
+        """Revoke one session, or every one; how many were live."""
+        where, args = ("id_hash = ?", (session_hash(session_id),)) if session_id else ("1 = 1", ())
+        query = f"UPDATE sessions SET revoked_at = ? WHERE revoked_at IS NULL AND {where}"
+        return await self._write(lambda db: db.execute(query, (time.time(), *args)).rowcount, None, retry=False)
+
+    async def dead_sessions(self, session_ids: list[str]) -> set[str]:
+        """Which of these sessions are revoked, expired or unknown (a socket on one must close)."""
+        hashes = {session_hash(session_id): session_id for session_id in session_ids}
+
+        def work(db: sqlite3.Connection) -> set[str]:
+            marks = ",".join("?" * len(hashes))
+            query = f"SELECT id_hash FROM sessions WHERE revoked_at IS NULL AND expires_at > ? AND id_hash IN ({marks})"
+            live = {row[0] for row in db.execute(query, (time.time(), *hashes))}
+            return {session_id for digest, session_id in hashes.items() if digest not in live}
+
+        return await self._read(work)

@@ -1,0 +1,304 @@
+"""Sign-in: who is asking, decided for every HTTP request and WebSocket handshake before any route,
+socket or node runs (`--auth`):
+
+- `none`: everyone is the one local user (loopback only, unless --insecure-no-auth);
+- `token`: one access token, as Jupyter does it; signing in with it gives a session cookie, recorded
+  in the database so that signing out (or --revoke-sessions) ends it;
+- `header`: an authenticating proxy names the user in a header, believed only from --trusted-proxies.
+
+State-changing requests from a page of another origin are refused here too.
+"""
+
+import hashlib
+import hmac
+import ipaddress
+import logging
+import math
+import secrets
+import time
+from dataclasses import dataclass
+from urllib.parse import parse_qs, urlsplit
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from pages import render_page
+from utils.limits import Limits
+from utils.settings import Settings
+from utils.store import Store
+
+logger = logging.getLogger("pocketchat")
+
+LOCAL_USER = "local"
+SESSION_COOKIE = "pocketchat_session"
+VISITOR = "pocketchat.visitor"  # the scope key the middleware leaves for routes and sockets
+PUBLIC_PATHS = {"/login", "/healthz", "/livez"}
+PUBLIC_PREFIXES = ("/static/", "/vendor/")
+UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
+SIGNED_OUT = 4401  # the WebSocket close code for "sign in first"; the page shows the sign-in page
+SESSION_CACHE_SECONDS = 5.0  # a session checked this recently is not read again (revocation: see AppState)
+MAX_USER_LENGTH = 256
+
+
+@dataclass
+class Visitor:
+    """Who sent a request: the user (None: not signed in), their session, and where they are."""
+
+    user: str | None
+    address: str
+    https: bool
+    session_id: str | None = None
+
+
+class SignIn:
+    """Checks tokens, proxy headers and session cookies; keeps the secrets they need."""
+
+    def __init__(self, settings: Settings, store: Store, limits: Limits) -> None:
+        self.settings = settings
+        self.mode = settings.auth_mode
+        self.store = store
+        self.limits = limits
+        self.proxies = [ipaddress.ip_network(network) for network in settings.trusted_proxies]
+        self._checked: dict[str, tuple[str, float]] = {}  # session id: (user, when)
+
+    async def start(self) -> None:
+        """Load (or make, on first start) the key that signs session cookies and the access token."""
+        self._key = (await self.store.secret("session_key", lambda: secrets.token_urlsafe(32))).encode()
+        self.token = await access_token(self.settings, self.store) if self.mode == "token" else None
+
+    # ---- who is asking ---------------------------------------------------------------------------
+
+    def _trusted(self, address: str) -> bool:
+        try:
+            ip = ipaddress.ip_address(address)
+        except ValueError:
+            return False
+        return any(ip in network for network in self.proxies)
+
+    async def visitor(self, scope: Scope) -> Visitor:
+        headers = Headers(scope=scope)
+        peer = scope["client"][0] if scope.get("client") else ""
+        from_proxy = self._trusted(peer)
+        visitor = Visitor(
+            user=None,
+            address=self._client_address(peer, headers) if from_proxy else peer,
+            https=scope["scheme"] in ("https", "wss") or (from_proxy and headers.get("x-forwarded-proto") == "https"),
+        )
+        if self.mode == "none":
+            visitor.user = LOCAL_USER
+        elif self.mode == "header":
+            name = headers.get(self.settings.auth_header, "").strip() if from_proxy else ""
+            visitor.user = name if 0 < len(name) <= MAX_USER_LENGTH else None
+        elif (cookie := _cookie(headers, SESSION_COOKIE)) and (session_id := self._unsign(cookie)):
+            visitor.user, visitor.session_id = await self._session_user(session_id), session_id
+        return visitor
+
+    def _client_address(self, peer: str, headers: Headers) -> str:
+        """The address the proxies say the request came from: the last one in X-Forwarded-For that is
+        not a proxy of ours (anything before it, the client could have written itself)."""
+        hops = [hop.strip() for hop in headers.get("x-forwarded-for", "").split(",") if hop.strip()]
+        for hop in reversed(hops):
+            if not self._trusted(hop):
+                return hop
+        return hops[0] if hops else peer
+
+    async def _session_user(self, session_id: str) -> str | None:
+        cached = self._checked.get(session_id)
+        if cached and time.monotonic() - cached[1] < SESSION_CACHE_SECONDS:
+            return cached[0]
+        user = await self.store.session_user(session_id)
+        if user is None:
+            self._checked.pop(session_id, None)
+        else:
+            self._checked[session_id] = (user, time.monotonic())
+        return user
+
+    def forget(self, session_id: str) -> None:
+        self._checked.pop(session_id, None)
+
+    # ---- signing in ----------------------------------------------------------------------------
+
+    def token_matches(self, token: str) -> bool:
+        # Compared in constant time, as bytes: a wrong guess tells nothing of how close it came.
+        return self.token is not None and hmac.compare_digest(token.encode(), self.token.encode())
+
+    async def new_session(self) -> str:
+        """A new session for the local user; the signed cookie value that carries it."""
+        session_id = secrets.token_urlsafe(24)
+        await self.store.create_session(session_id, LOCAL_USER, self.settings.session_days * 86400)
+        return f"{session_id}.{self._signature(session_id)}"
+
+    def _signature(self, session_id: str) -> str:
+        return hmac.new(self._key, session_id.encode(), hashlib.sha256).hexdigest()
+
+    def _unsign(self, cookie: str) -> str | None:
+        session_id, _, signature = cookie.partition(".")
+        return session_id if hmac.compare_digest(signature, self._signature(session_id)) else None
+
+
+async def access_token(settings: Settings, store: Store) -> str:
+    """--token, or the token made on first start and kept in the database (192 random bits)."""
+    if settings.token is not None:
+        return settings.token.get_secret_value()
+    return await store.secret("access_token", lambda: secrets.token_urlsafe(24))
+
+
+def _cookie(headers: Headers, name: str) -> str | None:
+    for part in headers.get("cookie", "").split(";"):
+        key, _, value = part.strip().partition("=")
+        if key == name:
+            return value
+    return None
+
+
+def same_origin(headers: Headers, allowed: list[str]) -> bool:
+    """Whether a browser request comes from the page's own origin (or an allowed one); requests
+    without Origin do not come from a page of another site."""
+    origin = headers.get("origin")
+    if origin is None:
+        return True
+    origin = origin.lower().rstrip("/")
+    return urlsplit(origin).netloc == headers.get("host", "").lower() or origin in allowed
+
+
+# ---- the middleware ----------------------------------------------------------------------------
+
+
+class SignInMiddleware:
+    """Leaves the `Visitor` in the scope for routes and sockets, and turns away whoever may not pass."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            await self.app(scope, receive, send)
+            return
+        sign_in: SignIn = scope["app"].state.chat.sign_in
+        visitor = scope[VISITOR] = await sign_in.visitor(scope)
+        headers = Headers(scope=scope)
+        path = scope["path"]
+        changes = scope["type"] == "http" and scope["method"] in UNSAFE_METHODS
+        if changes and not same_origin(headers, sign_in.settings.allowed_origins):
+            logger.warning("refused a %s from another origin", scope["method"])
+            await _refuse(403, "Refused: this request came from a page of another site.")(scope, receive, send)
+            return
+        if visitor.user is not None or path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES):
+            await self.app(scope, receive, send)
+        elif sign_in.mode == "header":
+            # Not from a trusted proxy, or the proxy named nobody: the proxy must do the sign-in.
+            await _refuse(403, "Forbidden: sign in through the proxy in front of PocketChat.")(scope, receive, send)
+        elif scope["type"] == "websocket":
+            await _close_websocket(receive, send)
+        elif scope["method"] == "GET" and path == "/":
+            await RedirectResponse("/login", status_code=303)(scope, receive, send)
+        else:
+            await _refuse(401, "Sign in first: open the page and enter the access token.")(scope, receive, send)
+
+
+def _refuse(status: int, detail: str) -> ASGIApp:
+    response = JSONResponse({"detail": detail}, status_code=status)
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket":
+            await send({"type": "websocket.close", "code": 1008})  # before accept: HTTP 403
+        else:
+            await response(scope, receive, send)
+
+    return app
+
+
+async def _close_websocket(receive: Receive, send: Send) -> None:
+    """Accept, then close at once with 4401: a browser sees the code (a refused handshake hides it)."""
+    await receive()  # websocket.connect
+    await send({"type": "websocket.accept"})
+    await send({"type": "websocket.close", "code": SIGNED_OUT, "reason": "sign in first"})
+
+
+# ---- the sign-in and sign-out routes -----------------------------------------------------------
+
+router = APIRouter()
+MAX_FORM_BYTES = 4096
+WRONG_TOKEN = "That token is not right."
+
+
+def visitor_of(request: Request) -> Visitor:
+    return request.scope[VISITOR]
+
+
+def user_of(request: Request) -> str:
+    """The signed-in user (the middleware lets only them through to the routes that ask)."""
+    user = visitor_of(request).user
+    assert user is not None
+    return user
+
+
+def login_page(request: Request, status: int = 200, error: str | None = None, **headers: str) -> Response:
+    return render_page(request, "login.html", {"error": error}, status, headers)
+
+
+@router.get("/login", response_model=None)
+async def login(request: Request) -> Response:
+    sign_in: SignIn = request.app.state.chat.sign_in
+    if sign_in.mode != "token":
+        return RedirectResponse("/", status_code=303)  # nothing to sign in to here
+    if (token := request.query_params.get("token")) is not None:
+        # A sign-in link: sign in, then show a clean URL, so the token stays out of the history.
+        return await _sign_in(request, token, RedirectResponse("/login?failed", status_code=303))
+    failed = "failed" in request.query_params
+    return login_page(request, 401 if failed else 200, WRONG_TOKEN if failed else None)
+
+
+@router.post("/login", response_model=None)
+async def login_form(request: Request) -> Response:
+    body = (await request.body())[:MAX_FORM_BYTES]
+    token = parse_qs(body.decode(errors="replace")).get("token", [""])[0].strip()
+    return await _sign_in(request, token, login_page(request, 401, WRONG_TOKEN))
+
+
+async def _sign_in(request: Request, token: str, failed: Response) -> Response:
+    sign_in: SignIn = request.app.state.chat.sign_in
+    visitor = visitor_of(request)
+    if wait := sign_in.limits.sign_in_wait(visitor.address):
+        seconds = str(max(1, math.ceil(wait)))
+        error = f"Too many wrong tokens from your address: try again in {seconds} s."
+        return login_page(request, 429, error, **{"Retry-After": seconds})
+    if not sign_in.token_matches(token):
+        sign_in.limits.failed_sign_in(visitor.address)
+        logger.warning("a wrong sign-in token from %s", visitor.address)
+        return failed
+    response = RedirectResponse("/", status_code=303)
+    # HttpOnly: no script reads it. SameSite=Lax: sent when a link from another site (a bookmark, a
+    # mail) is followed, never with another site's requests that change something (those are refused
+    # by their Origin as well). Secure whenever the page came over https.
+    response.set_cookie(
+        SESSION_COOKIE,
+        await sign_in.new_session(),
+        max_age=int(sign_in.settings.session_days * 86400),
+        httponly=True,
+        samesite="lax",
+        secure=visitor.https,
+    )
+    return response
+
+
+@router.post("/logout", response_model=None)
+async def logout(request: Request) -> Response:
+    """Sign this browser out: its session is revoked, and its open sockets are closed with 4401."""
+    visitor = visitor_of(request)
+    if visitor.session_id is not None:
+        await request.app.state.chat.sign_out(visitor.session_id)
+    response = RedirectResponse("/login" if request.app.state.chat.sign_in.mode == "token" else "/", 303)
+    response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="lax", secure=visitor.https)
+    return response
+
+
+def access_log_without_secrets(path: str) -> str:
+    """A request line's path with any `token=` value hidden."""
+    parts = urlsplit(path)
+    if "token=" not in parts.query:
+        return path
+    query = "&".join("token=[hidden]" if pair.startswith("token=") else pair for pair in parts.query.split("&"))
+    return parts._replace(query=query).geturl()
