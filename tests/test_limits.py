@@ -1,0 +1,78 @@
+"""Each per-user limit: going over it gets `rate_limited` with `retry_after`; nothing running is touched
+and the socket stays open (over the socket limit, the new socket is told and closed with 1013)."""
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+
+from tests.conftest import reply_text
+from tests.fake_openai import Reply
+from tests.test_protocol import wait_for
+
+
+def refused(frames: list[dict]) -> dict:
+    errors = [f for f in frames if f["type"] == "error"]
+    assert [e["code"] for e in errors] == ["rate_limited"], frames
+    return errors[0]
+
+
+def test_over_the_running_turns_limit_a_message_waits_and_the_running_reply_goes_on(start_app, fake):
+    app = start_app("--limit-running-turns", "1")
+    fake.queue(Reply(count=40, pace=0.02), Reply(tokens=["later"]))
+    first, second = app.client(), app.client()
+    first.hello()
+    second.hello()
+    first.send("message", content="a long one")
+    first.until("chunk")
+    second.send("message", content="at the same time")
+    error = refused([second.recv()])
+    assert error["retry_after"] >= 1 and "streaming already" in error["message"]
+    assert first.until("turn_end")[-1]["status"] == "complete"
+    assert reply_text(second.turn("now")) == "later"  # the same socket, once the first reply ended
+
+
+def test_over_the_messages_a_minute_limit_the_next_message_is_refused_with_the_wait(start_app, fake):
+    app = start_app("--limit-messages-per-minute", "2")
+    client = app.client()
+    session = client.hello()["session_id"]
+    client.turn("one")
+    client.turn("two")
+    client.send("message", content="three")
+    error = refused([client.recv()])
+    assert 50 <= error["retry_after"] <= 60
+    client.send("regenerate")  # a regenerate is a message too
+    assert refused([client.recv()])["code"] == "rate_limited"
+    assert [m["content"] for m in client.hello(session)["history"] if m["role"] == "user"] == ["one", "two"]
+
+
+def test_over_the_conversations_a_minute_limit_a_new_chat_is_refused_and_an_old_one_still_opens(start_app):
+    app = start_app("--limit-conversations-per-minute", "2")
+    client = app.client()
+    first = client.hello()["session_id"]
+    client.hello()
+    client.send("hello")
+    error = refused([client.recv()])
+    assert 50 <= error["retry_after"] <= 60
+    assert client.hello(first)["session_id"] == first
+
+
+def test_over_the_sockets_limit_the_new_socket_is_told_and_closed_and_the_others_work(start_app):
+    app = start_app("--limit-sockets", "2")
+    open_ones = [app.client(), app.client()]
+    for client in open_ones:
+        client.hello()
+    extra = app.client()
+    error = refused([extra.recv()])
+    assert error["retry_after"] >= 1 and "tabs open" in error["message"]
+    with pytest.raises(ConnectionClosed) as closed:
+        extra.recv()
+    assert closed.value.rcvd.code == 1013
+    assert all(client.turn("still here")[-1]["status"] == "complete" for client in open_ones)
+    open_ones[0].close()
+
+    def a_new_socket_is_served() -> bool:
+        """A closed socket frees its place, once the server has seen it go."""
+        client = app.client()
+        client.send("hello")
+        return client.recv()["type"] == "ready"
+
+    wait_for(a_new_socket_is_served)
