@@ -27,7 +27,7 @@ from chat_socket import chat_socket
 from state import AppState
 from utils.providers import make_provider
 from utils.settings import Settings
-from utils.store import Store
+from utils.store import make_store
 
 logger = logging.getLogger("pocketchat")
 HERE = Path(__file__).parent
@@ -38,8 +38,9 @@ STARTUP_MODEL_WAIT = 2.0  # seconds
 def create_app(settings: Settings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = Store(settings.db_path)
-        interrupted = store.open()
+        store = make_store(settings)
+        # With replicas, a reply marked streaming may be another replica's running turn.
+        interrupted = await store.open(sweep_streaming=not settings.clustered)
         if interrupted:
             logger.warning("marked %d replies cut short by an earlier crash as interrupted", interrupted)
         provider = make_provider(settings)
@@ -107,8 +108,8 @@ def announce_sign_in(settings: Settings, token: str | None) -> None:
 
 async def run_command(command: str, settings: Settings) -> None:
     """--login-link or --revoke-sessions: work on the database, then exit."""
-    store = Store(settings.db_path)
-    store.open()
+    store = make_store(settings)
+    await store.open(sweep_streaming=False)
     try:
         if command == "--login-link":
             print(sign_in_link(settings, await auth.access_token(settings, store)))
@@ -116,7 +117,7 @@ async def run_command(command: str, settings: Settings) -> None:
             revoked = await store.revoke_sessions()
             print(f"Revoked {revoked} sessions: every browser must sign in again (open sockets close within seconds).")
     finally:
-        store.close()
+        await store.close()
 
 
 def main(argv: list[str]) -> None:
@@ -127,7 +128,7 @@ def main(argv: list[str]) -> None:
     if commands:
         asyncio.run(run_command(commands[0], settings))
         return
-    if problem := settings.exposure_problem():
+    if problem := settings.startup_problem():
         sys.exit(problem)
     if settings.auth_mode == "none" and not settings.on_loopback:
         logger.warning(

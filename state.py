@@ -118,7 +118,7 @@ class AppState:
             turn.stop.set()
         await asyncio.gather(*(t.task for t in turns if t.task is not None), return_exceptions=True)
         await self.provider.aclose()
-        self.store.close()
+        await self.store.close()
 
 
 def chat_state(app: FastAPI) -> AppState:

@@ -16,7 +16,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 from tests import chromium
 from tests.conftest import AppProcess
 from utils.messages import ConversationRecord, Message
-from utils.store import Store
+from utils.sqlite_store import SqliteStore
 
 REPLY = """Here is what I found about item {i}:
 
@@ -42,8 +42,8 @@ new PerformanceObserver((list) => {
 
 def make_conversation(db: Path, messages: int) -> str:
     async def write() -> str:
-        store = Store(db)
-        store.open()
+        store = SqliteStore(db)
+        await store.open()
         record = ConversationRecord(model="bench-model", system_prompt="", title=f"{messages} messages")
         await store.create_conversation(record)
         history = [
@@ -53,7 +53,7 @@ def make_conversation(db: Path, messages: int) -> str:
             for i in range(messages)
         ]
         await store.save_messages(record.id, history)
-        store.close()
+        await store.close()
         return record.id
 
     return asyncio.run(write())

@@ -7,7 +7,7 @@ from chat_socket import Client
 from state import AppState
 from utils.providers import UnavailableProvider
 from utils.settings import Settings
-from utils.store import Store
+from utils.sqlite_store import SqliteStore
 
 
 class BrokenWebSocket:
@@ -34,13 +34,13 @@ class BrokenWebSocket:
 
 def test_an_unexpected_failure_while_sending_closes_the_socket_with_1011_and_is_logged(tmp_path, caplog):
     async def scenario() -> tuple[int | None, int]:
-        store = Store(tmp_path / "c.db")
-        store.open()
+        store = SqliteStore(tmp_path / "c.db")
+        await store.open()
         state = AppState(Settings(model="m"), store, UnavailableProvider("none"))
         websocket = BrokenWebSocket()
         client = Client(websocket, state, "local")  # type: ignore[arg-type]
         await asyncio.wait_for(client.serve(), 5)
-        store.close()
+        await store.close()
         return websocket.closed_with, len(state.hub.conversations)
 
     with caplog.at_level(logging.ERROR):

@@ -5,13 +5,13 @@ from pathlib import Path
 
 from utils.conversations import Hub
 from utils.messages import ConversationRecord, Message
-from utils.store import Store
+from utils.sqlite_store import SqliteStore
 
 
 def test_a_conversation_an_http_request_is_using_stays_the_one_copy(tmp_path: Path) -> None:
     async def scenario() -> None:
-        store = Store(tmp_path / "c.db")
-        store.open()
+        store = SqliteStore(tmp_path / "c.db")
+        await store.open()
         hub = Hub(store)
         conversation = hub.create("local", "fake-model", "")
         await hub.ensure_stored(conversation)
@@ -23,21 +23,21 @@ def test_a_conversation_an_http_request_is_using_stays_the_one_copy(tmp_path: Pa
         # Nobody uses it any more: it is let go, and the next open loads it from the store.
         reloaded = await hub.open(conversation.id, "local")
         assert reloaded is not conversation and reloaded.id == conversation.id
-        store.close()
+        await store.close()
 
     asyncio.run(scenario())
 
 
 def test_a_reply_left_streaming_with_no_turn_running_is_loaded_as_interrupted(tmp_path: Path) -> None:
     async def scenario() -> list[tuple[str, str]]:
-        store = Store(tmp_path / "c.db")
-        store.open()
+        store = SqliteStore(tmp_path / "c.db")
+        await store.open()
         record = ConversationRecord(model="m", system_prompt="")
         # A turn whose final save never landed: its reply is still marked streaming in the database.
         reply = Message(role="assistant", content="half a", status="streaming")
         await store.open_turn(record.id, record, [Message(role="user", content="q"), reply], [])
         conversation = await Hub(store).open(record.id, "local")
-        store.close()
+        await store.close()
         return [(m.status, m.content) for m in conversation.history]
 
     assert asyncio.run(scenario()) == [("complete", "q"), ("interrupted", "half a")]

@@ -14,12 +14,12 @@ from utils.openai_provider import OpenAIProvider
 from utils.prompt import build_prompt, estimate_tokens
 from utils.providers import UnavailableProvider
 from utils.settings import Settings
-from utils.store import Store
+from utils.sqlite_store import SqliteStore
 
 
 async def run_one_turn(fake: FakeOpenAI, db: Path, content: str, history: list[Message] | None = None):
-    store = Store(db)
-    store.open()
+    store = SqliteStore(db)
+    await store.open()
     provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
     record = ConversationRecord(model="fake-model", system_prompt="Be brief.")
     await store.create_conversation(record)
@@ -40,7 +40,7 @@ async def run_one_turn(fake: FakeOpenAI, db: Path, content: str, history: list[M
     frames = [json.loads(text) async for text in turn.log.follow(0)]
     stored = await store.load(record.id)
     await provider.aclose()
-    store.close()
+    await store.close()
     return conversation, turn, frames, stored
 
 
@@ -121,8 +121,8 @@ class BrokenProvider(UnavailableProvider):
 
 def test_a_bug_is_not_retried_and_the_turn_ends_as_an_internal_error(tmp_path, caplog):
     async def scenario():
-        store = Store(tmp_path / "c.db")
-        store.open()
+        store = SqliteStore(tmp_path / "c.db")
+        await store.open()
         provider = BrokenProvider()
         state = AppState(Settings(retries=3, retry_wait=0), store, provider)
         conversation = state.hub.create("local", "broken-model", "")
@@ -130,7 +130,7 @@ def test_a_bug_is_not_retried_and_the_turn_ends_as_an_internal_error(tmp_path, c
         await run_turn(state, conversation, turn)
         frames = [json.loads(text) async for text in turn.log.follow(0)]
         _, messages = await store.load(conversation.id)
-        store.close()
+        await store.close()
         return provider.attempts, frames, messages
 
     attempts, frames, messages = asyncio.run(scenario())

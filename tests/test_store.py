@@ -7,20 +7,20 @@ import pytest
 
 from utils.messages import ConversationRecord, Message
 from utils.protocol import StorageError
-from utils.store import Job, Store
+from utils.sqlite_store import Job, SqliteStore
 
 
 def test_queued_writes_land_in_order_and_a_failing_one_takes_no_other_down(tmp_path, caplog):
     async def scenario():
-        store = Store(tmp_path / "chat.db")
-        store.open()
+        store = SqliteStore(tmp_path / "chat.db")
+        await store.open()
         record = ConversationRecord(model="m", system_prompt="")
         writes = [store.create_conversation(record)]
         writes += [store.save_messages(record.id, [Message(role="user", content=str(i))]) for i in range(5)]
         writes.insert(3, store.save_messages("no-such-conversation", [Message(role="user", content="orphan")]))
         results = await asyncio.gather(*writes, return_exceptions=True)
         _, messages = await store.load(record.id)
-        store.close()
+        await store.close()
         return results, messages
 
     with caplog.at_level(logging.ERROR):
@@ -31,44 +31,47 @@ def test_queued_writes_land_in_order_and_a_failing_one_takes_no_other_down(tmp_p
 
 
 def test_a_reply_marked_streaming_is_found_interrupted_on_the_next_open(tmp_path):
-    async def write_then_crash():
-        store = Store(tmp_path / "chat.db")
-        store.open()
+    async def scenario():
+        store = SqliteStore(tmp_path / "chat.db")
+        await store.open()
         record = ConversationRecord(model="m", system_prompt="")
         reply = Message(role="assistant", content="half a repl", status="streaming")
         await store.open_turn(record.id, record, [Message(role="user", content="q"), reply], [])
-        store.close()
-        return record.id
+        await store.close()
+        again = SqliteStore(tmp_path / "chat.db")
+        interrupted = await again.open()
+        _, messages = await again.load(record.id)
+        await again.close()
+        return interrupted, [(m.status, m.content) for m in messages]
 
-    conversation_id = asyncio.run(write_then_crash())
-    store = Store(tmp_path / "chat.db")
-    assert store.open() == 1
-    _, messages = asyncio.run(store.load(conversation_id))
-    store.close()
-    assert [(m.status, m.content) for m in messages] == [("complete", "q"), ("interrupted", "half a repl")]
+    assert asyncio.run(scenario()) == (1, [("complete", "q"), ("interrupted", "half a repl")])
 
 
 def test_loading_an_unknown_conversation_gives_none(tmp_path):
-    store = Store(tmp_path / "chat.db")
-    store.open()
-    assert asyncio.run(store.load("no-such-id")) is None
-    store.close()
+    async def scenario():
+        store = SqliteStore(tmp_path / "chat.db")
+        await store.open()
+        loaded = await store.load("no-such-id")
+        await store.close()
+        return loaded
+
+    assert asyncio.run(scenario()) is None
 
 
-def fill_the_disk(store: Store) -> None:
+def fill_the_disk(store: SqliteStore) -> None:
     """The database may not grow by a single page: the next write that needs one fails as on a full disk."""
     store._jobs.put(Job(lambda db: db.execute("PRAGMA max_page_count = 1"), None, retry=False))
 
 
-def free_the_disk(store: Store) -> None:
+def free_the_disk(store: SqliteStore) -> None:
     # On the writer's connection at once, not queued behind the writes waiting for room.
     store._connection.execute("PRAGMA max_page_count = 1073741823")
 
 
 def test_a_full_disk_fails_only_its_own_writes_and_they_are_written_once_it_recovers(tmp_path):
     async def scenario():
-        store = Store(tmp_path / "chat.db")
-        store.open()
+        store = SqliteStore(tmp_path / "chat.db")
+        await store.open()
         record = ConversationRecord(model="m", system_prompt="")
         await store.create_conversation(record)
         fill_the_disk(store)
@@ -84,7 +87,7 @@ def test_a_full_disk_fails_only_its_own_writes_and_they_are_written_once_it_reco
         await store.save_messages(record.id, [Message(role="user", content="after")])
         _, messages = await store.load(record.id)
         recovered = (store.failure, store.unwritten(record.id))
-        store.close()  # shutdown completes
+        await store.close()  # shutdown completes
         return failing_while_full, kept_while_full, recovered, [m.content[:5] for m in messages]
 
     failing, kept, recovered, stored = asyncio.run(scenario())
@@ -95,14 +98,14 @@ def test_a_full_disk_fails_only_its_own_writes_and_they_are_written_once_it_reco
 
 def test_writes_still_refused_at_shutdown_are_reported_and_shutdown_completes(tmp_path, caplog):
     async def scenario():
-        store = Store(tmp_path / "chat.db")
-        store.open()
+        store = SqliteStore(tmp_path / "chat.db")
+        await store.open()
         record = ConversationRecord(model="m", system_prompt="")
         await store.create_conversation(record)
         fill_the_disk(store)
         with pytest.raises(StorageError):
             await store.save_messages(record.id, [Message(role="user", content="x" * 100_000)])
-        store.close()
+        await store.close()
 
     with caplog.at_level(logging.ERROR):
         asyncio.run(scenario())

@@ -67,7 +67,22 @@ class Settings(BaseSettings):
         "You are a helpful assistant.",
         description="System prompt of new conversations.",
     )
-    db_path: Path = Field(Path("pocketchat.db"), description="SQLite database file.")
+    db_path: Path = Field(Path("pocketchat.db"), description="SQLite database file (when no --database-url).")
+    database_url: SecretStr | None = Field(
+        None,
+        description="A postgresql:// URL: conversations, messages, sessions and the app's secret live in "
+        "PostgreSQL, shared by every replica. Unset: the SQLite file --db-path. Never logged.",
+    )
+    redis_url: SecretStr | None = Field(
+        None,
+        description="A redis:// URL: turn logs and events between replicas go through Redis, so that any "
+        "replica serves any conversation. Needs --database-url. Unset: one process. Never logged.",
+    )
+    drain_timeout: float = Field(
+        30.0,
+        ge=0,
+        description="On SIGTERM, seconds the running replies may take to finish before they are stopped and stored.",
+    )
     host: str = Field("127.0.0.1", description="Address to bind, IPv4 or IPv6; 0.0.0.0 or :: for every interface.")
     port: int = Field(8000, description="Port to listen on.")
     allowed_origins: Annotated[list[str], NoDecode] = Field(
@@ -205,6 +220,11 @@ class Settings(BaseSettings):
         return sorted({"127.0.0.1", "localhost", "[::1]", host_pattern(self.host)})
 
     @property
+    def clustered(self) -> bool:
+        """Whether other replicas may share the database and the turn logs."""
+        return self.redis_url is not None
+
+    @property
     def on_loopback(self) -> bool:
         """Whether only this machine can reach the app."""
         if self.host == "localhost":
@@ -219,8 +239,20 @@ class Settings(BaseSettings):
         """The sign-in in force, once the default for the bind address is decided."""
         return self.auth or ("none" if self.on_loopback else "token")
 
-    def exposure_problem(self) -> str | None:
-        """Why these settings must not serve, if they must not: no sign-in beyond loopback."""
+    def startup_problem(self) -> str | None:
+        """Why these settings must not serve, if they must not."""
+        if self.redis_url is not None and self.database_url is None:
+            return (
+                "--redis-url needs --database-url: replicas that share Redis but each keep their own SQLite "
+                "file would tell different stories. Set POCKETCHAT_DATABASE_URL=postgresql://..."
+            )
+        if self.database_url is not None and urlsplit(self.database_url.get_secret_value()).scheme not in (
+            "postgresql",
+            "postgres",
+        ):
+            return "--database-url must be a postgresql:// URL."
+        if self.redis_url is not None and urlsplit(self.redis_url.get_secret_value()).scheme not in ("redis", "rediss"):
+            return "--redis-url must be a redis:// or rediss:// URL."
         if self.auth_mode == "none" and not self.on_loopback and not self.insecure_no_auth:
             return (
                 f"Refusing to serve {self.host} without a sign-in: anyone who reaches it could read every "

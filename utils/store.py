@@ -1,408 +1,60 @@
-"""Conversations, messages, sign-in sessions and the app's secrets in one SQLite file.
+"""What the app needs of its database, and the one that the settings pick.
 
-One writer thread owns the only write connection, so writes never block the event loop and never
-contend; reads open their own connection on a worker thread (WAL lets them run beside the writer).
+Two stores keep the same records the same way: `SqliteStore` (one file, one process: the default)
+and `PostgresStore` (`--database-url`, shared by replicas). Both queue writes in order on one writer
+(`open_turn`, `update_conversation` and `checkpoint` return before the write lands; later writes land
+after them), commit them in groups, and keep a write the database refuses until it lands.
 """
 
 import asyncio
-import hashlib
-import json
-import logging
-import queue
-import sqlite3
-import threading
-import time
-from collections.abc import Callable
-from concurrent.futures import Future
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Protocol
 
 from utils.messages import ConversationRecord, Message
-from utils.protocol import StorageError
-
-logger = logging.getLogger(__name__)
-T = TypeVar("T")
-RETRY_SECONDS = 2.0  # how often writes the database refused are tried again
-MAX_UNWRITTEN = 10_000  # writes kept for a database that does not recover; the oldest go first
-
-# The schema, one step per version; `PRAGMA user_version` says how many steps a file has had. The
-# first step is the schema of the first release, so its files (version 0) take it as a no-op.
-MIGRATIONS = [
-    """
-CREATE TABLE IF NOT EXISTS conversations (
-    id TEXT PRIMARY KEY,
-    title TEXT,
-    model TEXT NOT NULL,
-    system_prompt TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    turn_id TEXT,
-    role TEXT NOT NULL,
-    content TEXT NOT NULL,
-    reasoning TEXT NOT NULL DEFAULT '',
-    status TEXT NOT NULL,
-    error TEXT,
-    meta TEXT NOT NULL DEFAULT '{}',
-    created_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, seq);
-""",
-    # Sign-in: every conversation has an owner (the one local user, for those made before), sessions
-    # are recorded so that they can be revoked, and the secret that signs them lives here.
-    """
-ALTER TABLE conversations ADD COLUMN owner TEXT NOT NULL DEFAULT 'local';
-CREATE INDEX conversations_by_owner ON conversations(owner, updated_at);
-CREATE TABLE sessions (
-    id_hash TEXT PRIMARY KEY,
-    user TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL,
-    revoked_at REAL
-);
-CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-""",
-]
-
-UPSERT_MESSAGE = """
-INSERT INTO messages (id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-ON CONFLICT(id) DO UPDATE SET content=excluded.content, reasoning=excluded.reasoning,
-    status=excluded.status, error=excluded.error, meta=excluded.meta
-"""
+from utils.settings import Settings
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    connection = sqlite3.connect(path, check_same_thread=False)
-    connection.row_factory = sqlite3.Row
-    connection.execute("PRAGMA foreign_keys = ON")
-    connection.execute("PRAGMA busy_timeout = 5000")
-    return connection
+class Store(Protocol):
+    failure: str | None  # why writes fail now (None: they do not)
 
+    async def open(self, sweep_streaming: bool = True) -> int:
+        """Migrate, start the writer; with `sweep_streaming`, mark replies left streaming as interrupted."""
 
-def _migrate(db: sqlite3.Connection) -> None:
-    """Bring the file's schema up to date, each step in its own transaction."""
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
-        db.executescript(f"BEGIN; {step} PRAGMA user_version = {number}; COMMIT;")
-        logger.info("database schema upgraded to version %d", number)
-
-
-def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> None:
-    db.execute(
-        "INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (
-            record.id,
-            record.owner,
-            record.title,
-            record.model,
-            record.system_prompt,
-            record.created_at,
-            record.updated_at,
-        ),
-    )
-
-
-def session_hash(session_id: str) -> str:
-    """What the database keeps of a session id: its hash, so that a copy of the file signs nobody in."""
-    return hashlib.sha256(session_id.encode()).hexdigest()
-
-
-def _conversation(row: sqlite3.Row) -> ConversationRecord:
-    return ConversationRecord(
-        id=row["id"],
-        owner=row["owner"],
-        title=row["title"],
-        model=row["model"],
-        system_prompt=row["system_prompt"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
-
-
-def _message(row: sqlite3.Row) -> Message:
-    return Message(
-        id=row["id"],
-        turn_id=row["turn_id"],
-        role=row["role"],
-        content=row["content"],
-        reasoning=row["reasoning"],
-        status=row["status"],
-        error=row["error"],
-        meta=json.loads(row["meta"]),
-        created_at=row["created_at"],
-    )
-
-
-@dataclass
-class Job:
-    """One queued write. `retry`: if the database fails (disk full, I/O error), keep it and write it
-    again later; its caller has been told already."""
-
-    work: Callable[[sqlite3.Connection], Any]
-    done: Future[Any] | None
-    conversation_id: str | None = None
-    retry: bool = True
-
-
-class Store:
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write_loop, name="sqlite-writer", daemon=True)
-        # Writes the database refused for a reason that may pass, in order; retried before new ones.
-        self._unwritten: list[Job] = []
-        self.failure: str | None = None  # why the last write failed, while writes fail
-
-    def open(self) -> int:
-        """Create the schema, start the writer and mark replies a crash cut short; return how many."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        connection = _connect(self.path)
-        connection.execute("PRAGMA journal_mode = WAL")
-        # With WAL, NORMAL loses nothing when the process crashes, only on power loss, and spares an
-        # fsync per commit.
-        connection.execute("PRAGMA synchronous = NORMAL")
-        _migrate(connection)
-        interrupted = connection.execute(
-            "UPDATE messages SET status = 'interrupted' WHERE status = 'streaming'"
-        ).rowcount
-        connection.commit()
-        self._connection = connection
-        self._writer.start()
-        return interrupted
-
-    def close(self) -> None:
-        """Finish the queued writes (and try the unwritten ones once more), then close."""
-        self._jobs.put(None)
-        self._writer.join()
-        self._connection.close()
+    async def close(self) -> None: ...
 
     def unwritten(self, conversation_id: str) -> bool:
         """Whether writes of this conversation wait for the database to recover."""
-        return any(job.conversation_id == conversation_id for job in list(self._unwritten))
 
-    def _write_loop(self) -> None:
-        while True:
-            try:
-                # While writes wait for the database to recover, try them again every few seconds.
-                job = self._jobs.get(timeout=RETRY_SECONDS if self._unwritten else None)
-            except queue.Empty:
-                job = Job(lambda db: None, None, retry=False)
-            if job is None:
-                if self._unwritten:
-                    self._write_batch([])
-                    if self._unwritten:
-                        logger.error("%d writes could not be saved before shutdown", len(self._unwritten))
-                return
-            batch = [job]
-            # Group commit: the jobs queued meanwhile share one transaction, each in its own savepoint.
-            while len(batch) < 100:
-                try:
-                    if (more := self._jobs.get_nowait()) is None:
-                        self._jobs.put(None)
-                        break
-                    batch.append(more)
-                except queue.Empty:
-                    break
-            self._write_batch(batch)
+    async def create_conversation(self, record: ConversationRecord) -> None: ...
 
-    def _write_batch(self, batch: list[Job]) -> None:
-        jobs, self._unwritten = [*self._unwritten, *batch], []
-        db = self._connection
-        results: list[tuple[Job, Any, Exception | None]] = []
-        try:
-            db.execute("BEGIN")
-            for job in jobs:
-                db.execute("SAVEPOINT job")
-                try:
-                    results.append((job, job.work(db), None))
-                    db.execute("RELEASE job")
-                except Exception as error:
-                    if not db.in_transaction:
-                        raise  # SQLite rolled the whole transaction back (a full disk does)
-                    db.execute("ROLLBACK TO job")
-                    db.execute("RELEASE job")
-                    logger.error("database write failed: %s", error)
-                    results.append((job, None, error))
-            db.commit()
-        except Exception as error:
-            if db.in_transaction:
-                db.rollback()
-            # Nothing of the batch was written: every job failed with the database, not on its own.
-            self.failure = str(error)
-            self._unwritten = [job for job in jobs if job.retry][-MAX_UNWRITTEN:]
-            logger.error("database writes failed (%d kept to write again): %s", len(self._unwritten), error)
-            for job in jobs:
-                self._settle(job, None, StorageError(f"The database could not save this ({error})."))
-            return
-        self.failure = None
-        for job, result, error in results:
-            if isinstance(error, sqlite3.OperationalError) and job.retry:
-                self._unwritten.append(job)  # locked, or out of space for this one write
-                self.failure = str(error)
-            self._settle(job, result, error)
+    def update_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]: ...
 
-    @staticmethod
-    def _settle(job: Job, result: Any, error: Exception | None) -> None:
-        if job.done is None or job.done.done():
-            return  # a write retried after its caller was told it failed
-        if error is None:
-            job.done.set_result(result)
-        else:
-            job.done.set_exception(error)
+    async def delete_conversation(self, conversation_id: str) -> bool: ...
 
-    def _submit(
-        self, work: Callable[[sqlite3.Connection], T], conversation_id: str | None, retry: bool = True
-    ) -> Future[T]:
-        done: Future[T] = Future()
-        self._jobs.put(Job(work, done, conversation_id, retry))
-        return done
+    async def list_conversations(self, owner: str) -> list[ConversationRecord]: ...
 
-    def _write(
-        self, work: Callable[[sqlite3.Connection], T], conversation_id: str | None, retry: bool = True
-    ) -> asyncio.Future[T]:
-        """Queue a write now (writes run in the order they are queued); await the result when it matters."""
-        future = asyncio.wrap_future(self._submit(work, conversation_id, retry))
-        # The writer logs a failure; a caller that does not wait for the result need not hear of it again.
-        future.add_done_callback(lambda done: done.cancelled() or done.exception())
-        return future
-
-    async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
-        def run() -> T:
-            connection = _connect(self.path)
-            try:
-                return work(connection)
-            finally:
-                connection.close()
-
-        return await asyncio.to_thread(run)
-
-    async def create_conversation(self, record: ConversationRecord) -> None:
-        await self._write(lambda db: _insert_conversation(db, record), record.id)
-
-    def update_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
-        record.updated_at = time.time()
-        row = (record.title, record.model, record.system_prompt, record.updated_at, record.id)
-        return self._write(
-            lambda db: db.execute(
-                "UPDATE conversations SET title = ?, model = ?, system_prompt = ?, updated_at = ? WHERE id = ?", row
-            ),
-            record.id,
-        )
-
-    async def delete_conversation(self, conversation_id: str) -> bool:
-        # Not written again later: the caller tells the user it failed, and the conversation stays.
-        return await self._write(
-            lambda db: db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0,
-            conversation_id,
-            retry=False,
-        )
-
-    async def list_conversations(self, owner: str) -> list[ConversationRecord]:
-        query = "SELECT * FROM conversations WHERE owner = ? ORDER BY updated_at DESC, created_at DESC"
-        return await self._read(lambda db: [_conversation(row) for row in db.execute(query, (owner,))])
-
-    async def load(self, conversation_id: str) -> tuple[ConversationRecord, list[Message]] | None:
-        def work(db: sqlite3.Connection) -> tuple[ConversationRecord, list[Message]] | None:
-            row = db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
-            if row is None:
-                return None
-            rows = db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq", (conversation_id,))
-            return _conversation(row), [_message(message) for message in rows]
-
-        return await self._read(work)
-
-    def _upsert(
-        self, conversation_id: str, messages: list[Message], delete_ids: list[str] | None = None
-    ) -> Callable[[sqlite3.Connection], None]:
-        rows = [
-            (
-                m.id,
-                conversation_id,
-                m.turn_id,
-                m.role,
-                m.content,
-                m.reasoning,
-                m.status,
-                m.error,
-                json.dumps(m.meta),
-                m.created_at,
-            )
-            for m in messages
-        ]
-
-        def work(db: sqlite3.Connection) -> None:
-            db.executemany("DELETE FROM messages WHERE id = ?", [(mid,) for mid in delete_ids or []])
-            db.executemany(UPSERT_MESSAGE, rows)
-            db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
-
-        return work
+    async def load(self, conversation_id: str) -> tuple[ConversationRecord, list[Message]] | None: ...
 
     def open_turn(
         self, conversation_id: str, new: ConversationRecord | None, messages: list[Message], delete_ids: list[str]
-    ) -> asyncio.Future[None]:
-        """Queue, at once, what a turn starts with: the conversation if it is `new`, the messages it replaces
-        deleted, its messages saved. Later writes land after it, so the turn need not wait for it."""
-        upsert = self._upsert(conversation_id, messages, delete_ids)
+    ) -> asyncio.Future[None]: ...
 
-        def work(db: sqlite3.Connection) -> None:
-            if new is not None:
-                _insert_conversation(db, new)
-            upsert(db)
+    async def save_messages(self, conversation_id: str, messages: list[Message]) -> None: ...
 
-        return self._write(work, conversation_id)
+    def checkpoint(self, conversation_id: str, message: Message) -> None: ...
 
-    async def save_messages(self, conversation_id: str, messages: list[Message]) -> None:
-        """Insert or update these messages, in order, in one transaction."""
-        await self._write(self._upsert(conversation_id, messages), conversation_id)
+    async def secret(self, name: str, make: Any) -> str: ...
 
-    def checkpoint(self, conversation_id: str, message: Message) -> None:
-        """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
-        self._submit(self._upsert(conversation_id, [message]), conversation_id)
+    async def create_session(self, session_id: str, user: str, lifetime: float) -> None: ...
 
-    # ---- sign-in ---------------------------------------------------------------------------------
+    async def session_user(self, session_id: str) -> str | None: ...
 
-    async def secret(self, name: str, make: Callable[[], str]) -> str:
-        """The secret `name`, made by `make()` and kept the first time it is asked for."""
-        value = make()
+    async def revoke_sessions(self, session_id: str | None = None) -> int: ...
 
-        def work(db: sqlite3.Connection) -> str:
-            db.execute("INSERT OR IGNORE INTO secrets (name, value) VALUES (?, ?)", (name, value))
-            return db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()[0]
+    async def dead_sessions(self, session_ids: list[str]) -> set[str]: ...
 
-        return await self._write(work, None, retry=False)
 
-    async def create_session(self, session_id: str, user: str, lifetime: float) -> None:
-        now = time.time()
-        row = (session_hash(session_id), user, now, now + lifetime)
-        await self._write(lambda db: db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, NULL)", row), None, False)
+def make_store(settings: Settings) -> Store:
+    """PostgreSQL when --database-url names one, else the SQLite file at --db-path."""
+    from utils.sqlite_store import SqliteStore
 
-    async def session_user(self, session_id: str) -> str | None:
-        """The user of a session that is neither revoked nor expired."""
-        query = "SELECT user FROM sessions WHERE id_hash = ? AND revoked_at IS NULL AND expires_at > ?"
-        row = await self._read(lambda db: db.execute(query, (session_hash(session_id), time.time())).fetchone())
-        return row[0] if row else None
-
-    async def revoke_sessions(self, session_id: str | None = None) -> int:
-        """Revoke one session, or every one; how many were live."""
-        where, args = ("id_hash = ?", (session_hash(session_id),)) if session_id else ("1 = 1", ())
-        query = f"UPDATE sessions SET revoked_at = ? WHERE revoked_at IS NULL AND {where}"
-        return await self._write(lambda db: db.execute(query, (time.time(), *args)).rowcount, None, retry=False)
-
-    async def dead_sessions(self, session_ids: list[str]) -> set[str]:
-        """Which of these sessions are revoked, expired or unknown (a socket on one must close)."""
-        hashes = {session_hash(session_id): session_id for session_id in session_ids}
-
-        def work(db: sqlite3.Connection) -> set[str]:
-            marks = ",".join("?" * len(hashes))
-            query = f"SELECT id_hash FROM sessions WHERE revoked_at IS NULL AND expires_at > ? AND id_hash IN ({marks})"
-            live = {row[0] for row in db.execute(query, (time.time(), *hashes))}
-            return {session_id for digest, session_id in hashes.items() if digest not in live}
-
-        return await self._read(work)
+    return SqliteStore(settings.db_path)
