@@ -55,6 +55,11 @@ class Store(Protocol):
 
 def make_store(settings: Settings) -> Store:
     """PostgreSQL when --database-url names one, else the SQLite file at --db-path."""
+    if settings.database_url is not None:
+        # Imported here: who keeps to SQLite never imports asyncpg.
+        from utils.pg_store import PostgresStore
+
+        return PostgresStore(settings.database_url.get_secret_value())
     from utils.sqlite_store import SqliteStore
 
     return SqliteStore(settings.db_path)

@@ -1,0 +1,538 @@
+"""Conversations, messages, sign-in sessions and the app's secrets in PostgreSQL, shared by replicas.
+
+The same records, kept the same way as `SqliteStore` keeps them, on asyncpg: one writer task owns one
+connection and writes the queued jobs in order, a group at a time in one transaction with a savepoint
+per job; reads go through a small pool, never through the writer's connection. The schema is versioned
+(`schema_version`) and brought up to date at `open()` under an advisory lock, so that replicas starting
+together migrate it once. The URL may hold a password: only its host, port and database are ever logged.
+"""
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import asyncpg
+
+from utils.messages import ConversationRecord, Message
+from utils.protocol import StorageError
+from utils.sqlite_store import MAX_UNWRITTEN, RETRY_SECONDS, session_hash
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+Work = Callable[[asyncpg.Connection], Awaitable[T]]
+
+BATCH_SIZE = 100  # jobs committed together at most
+POOL_SIZE = 5  # read connections at most
+CONNECT_TIMEOUT = 5.0  # seconds to reach the server; an unreachable one fails a batch, not the writer
+COMMAND_TIMEOUT = 10.0  # seconds a statement may take before the batch counts as refused
+START_TIMEOUT = 300.0  # seconds for start-up statements: waiting for another replica's migration, the sweep
+CLOSE_TIMEOUT = 15.0  # seconds close() waits for the writer before it gives up on what is left
+# The key of the advisory lock that serialises migrations (any constant, the same in every replica).
+SCHEMA_LOCK = 0x706F636B6574  # "pocket"
+
+# The schema, one step per version; `schema_version` holds a row per step applied. PostgreSQL applies
+# DDL in transactions, so a step and its row land together or not at all.
+SCHEMA_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)
+"""
+MIGRATIONS = [
+    # The tables and columns of SQLite's schema (its steps 1 and 2). Timestamps are float seconds, as
+    # in SQLite, so that records round-trip exactly; meta is the JSON text SQLite keeps (JSONB would
+    # reorder its keys). "user" is quoted: unquoted it is PostgreSQL's CURRENT_USER.
+    """
+CREATE TABLE conversations (
+    id TEXT PRIMARY KEY,
+    title TEXT,
+    model TEXT NOT NULL,
+    system_prompt TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    owner TEXT NOT NULL DEFAULT 'local'
+);
+CREATE INDEX conversations_by_owner ON conversations (owner, updated_at);
+CREATE TABLE messages (
+    seq BIGSERIAL PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    turn_id TEXT,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    reasoning TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL,
+    error TEXT,
+    meta TEXT NOT NULL DEFAULT '{}',
+    created_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX messages_by_conversation ON messages (conversation_id, seq);
+CREATE TABLE sessions (
+    id_hash TEXT PRIMARY KEY,
+    "user" TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    revoked_at DOUBLE PRECISION
+);
+CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+""",
+]
+
+UPSERT_MESSAGE = """
+INSERT INTO messages (id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+ON CONFLICT (id) DO UPDATE SET content = excluded.content, reasoning = excluded.reasoning,
+    status = excluded.status, error = excluded.error, meta = excluded.meta
+"""
+
+# Refusals that may pass: the database (or the way to it) fails, not the job. A batch that meets one is
+# rolled back whole and its jobs are written again later, in order. Anything else (a unique or foreign
+# key violation, text PostgreSQL cannot hold) is the job's own failure and takes no other job down.
+MAY_PASS: tuple[type[BaseException], ...] = (
+    OSError,  # the connection: refused, reset, unreachable
+    TimeoutError,  # connect or command timeout
+    asyncpg.PostgresConnectionError,  # SQLSTATE class 08
+    asyncpg.InterfaceError,  # "connection is closed" and the like (client-side)
+    asyncpg.InsufficientResourcesError,  # 53: disk full, out of memory, too many connections
+    asyncpg.OperatorInterventionError,  # 57: shutdown, crash, query cancelled
+    asyncpg.PostgresSystemError,  # 58: I/O error
+    asyncpg.TransactionRollbackError,  # 40: serialization failure, deadlock
+    asyncpg.ReadOnlySQLTransactionError,  # 25006: a standby, or a database made read-only
+    asyncpg.InsufficientPrivilegeError,  # 42501: write rights revoked (an operator restores them)
+    asyncpg.LockNotAvailableError,  # 55P03
+)
+
+
+def may_pass(error: BaseException) -> bool:
+    """Whether `error` is the database refusing for now rather than this job failing for good."""
+    return isinstance(error, MAY_PASS)
+
+
+def describe(url: str) -> str:
+    """host:port/database of a URL: what may be logged of it (never its user or password)."""
+    try:
+        parts = urlsplit(url)
+        return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or '/'}"
+    except ValueError:
+        return "(a URL that does not parse)"
+
+
+def _count(status: str) -> int:
+    """The row count of a command status such as 'UPDATE 3' or 'INSERT 0 1'."""
+    return int(status.rsplit(" ", 1)[-1])
+
+
+def _conversation(row: asyncpg.Record) -> ConversationRecord:
+    return ConversationRecord(
+        id=row["id"],
+        owner=row["owner"],
+        title=row["title"],
+        model=row["model"],
+        system_prompt=row["system_prompt"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+    )
+
+
+def _message(row: asyncpg.Record) -> Message:
+    return Message(
+        id=row["id"],
+        turn_id=row["turn_id"],
+        role=row["role"],
+        content=row["content"],
+        reasoning=row["reasoning"],
+        status=row["status"],
+        error=row["error"],
+        meta=json.loads(row["meta"]),
+        created_at=row["created_at"],
+    )
+
+
+async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecord) -> None:
+    await db.execute(
+        "INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
+        " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        record.id,
+        record.owner,
+        record.title,
+        record.model,
+        record.system_prompt,
+        record.created_at,
+        record.updated_at,
+    )
+
+
+async def _migrate(db: asyncpg.Connection) -> None:
+    """Bring the database's schema up to date. Replicas that start together queue on the advisory lock;
+    each one after the first finds the steps applied and applies nothing."""
+    async with db.transaction():
+        # The transaction-scoped lock is released by the commit (or by the server if this process dies).
+        await db.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK, timeout=START_TIMEOUT)
+        await db.execute(SCHEMA_VERSION_TABLE)
+        version = await db.fetchval("SELECT coalesce(max(version), 0) FROM schema_version")
+        if version > len(MIGRATIONS):
+            logger.warning("database schema version %d is newer than this release's %d", version, len(MIGRATIONS))
+        for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
+            await db.execute(step, timeout=START_TIMEOUT)
+            await db.execute("INSERT INTO schema_version VALUES ($1, $2)", number, time.time())
+            logger.info("database schema upgraded to version %d", number)
+
+
+async def _nothing(db: asyncpg.Connection) -> None:
+    """The job of a retry tick: the batch is only the writes waiting to be written again."""
+
+
+@dataclass
+class Job:
+    """One queued write. `retry`: if the database refuses it for a reason that may pass, keep it and
+    write it again later; its caller has been told already."""
+
+    work: Work[Any]
+    done: asyncio.Future[Any] | None
+    conversation_id: str | None = None
+    retry: bool = True
+
+
+class PostgresStore:
+    """The store in PostgreSQL: shared by every replica that names the same database."""
+
+    def __init__(self, url: str) -> None:
+        self._url = url  # may hold a password: never logged, never in an error message
+        self.where = describe(url)
+        self._jobs: asyncio.Queue[Job | None] = asyncio.Queue()
+        # Writes the database refused for a reason that may pass, in order; retried before new ones.
+        self._unwritten: list[Job] = []
+        self._batch: list[Job] = []  # the jobs being written now
+        self._connection: asyncpg.Connection | None = None  # the writer's, and only the writer's
+        self._pool: asyncpg.Pool | None = None  # for reads
+        self._writer: asyncio.Task[None] | None = None
+        self._closing = False
+        self.failure: str | None = None  # why the last write failed, while writes fail
+
+    # ---- open and close --------------------------------------------------------------------------
+
+    async def open(self, sweep_streaming: bool = True) -> int:
+        """Bring the schema up to date, start the writer, and (with `sweep_streaming`: no other replica
+        can be writing one) mark replies a crash cut short as interrupted; return how many."""
+        connection = await self._connect("writer")
+        try:
+            await _migrate(connection)
+            interrupted = await self._sweep(connection) if sweep_streaming else 0
+            self._pool = await asyncpg.create_pool(
+                self._url,
+                min_size=1,
+                max_size=POOL_SIZE,
+                timeout=CONNECT_TIMEOUT,
+                command_timeout=COMMAND_TIMEOUT,
+                server_settings={"application_name": "pocketchat-reader"},
+            )
+        except BaseException:
+            connection.terminate()
+            raise
+        self._connection = connection
+        self._writer = asyncio.create_task(self._write_loop(), name="postgres-writer")
+        logger.info("database: PostgreSQL at %s", self.where)
+        return interrupted
+
+    async def _connect(self, role: str) -> asyncpg.Connection:
+        # The application name shows in pg_stat_activity: an operator sees which connection is which.
+        return await asyncpg.connect(
+            self._url,
+            timeout=CONNECT_TIMEOUT,
+            command_timeout=COMMAND_TIMEOUT,
+            server_settings={"application_name": f"pocketchat-{role}"},
+        )
+
+    @staticmethod
+    async def _sweep(db: asyncpg.Connection) -> int:
+        sweep = "UPDATE messages SET status = 'interrupted' WHERE status = 'streaming'"
+        return _count(await db.execute(sweep, timeout=START_TIMEOUT))
+
+    async def close(self) -> None:
+        """Finish the queued writes (and try the unwritten ones once more), then close. Bounded in time:
+        a server that does not answer costs CLOSE_TIMEOUT at most, and what is left is reported."""
+        self._closing = True
+        if self._writer is not None:
+            self._jobs.put_nowait(None)
+            try:
+                await asyncio.wait_for(asyncio.shield(self._writer), CLOSE_TIMEOUT)
+            except TimeoutError:
+                self._drop_connection()  # whatever the writer waits on fails at once
+                self._writer.cancel()
+                await asyncio.gather(self._writer, return_exceptions=True)
+                self._abandon()
+        self._drop_connection()
+        if self._pool is not None:
+            try:
+                await asyncio.wait_for(self._pool.close(), CONNECT_TIMEOUT)
+            except Exception:
+                self._pool.terminate()  # it could not close gracefully in time
+
+    def _abandon(self) -> None:
+        """The writer was given up on: tell every caller still waiting, and count what is lost."""
+        left = [*self._unwritten, *self._batch]
+        while not self._jobs.empty():
+            if (job := self._jobs.get_nowait()) is not None:
+                left.append(job)
+        for job in left:
+            self._settle(job, None, StorageError("The database could not save this before shutdown."))
+        lost = sum(1 for job in left if job.retry)
+        logger.error("%d writes could not be saved before shutdown", lost)
+
+    def _drop_connection(self) -> None:
+        """Forget the writer's connection at once (no goodbye to a server that may not answer)."""
+        if self._connection is not None:
+            self._connection.terminate()
+            self._connection = None
+
+    # ---- the writer ------------------------------------------------------------------------------
+
+    def unwritten(self, conversation_id: str) -> bool:
+        """Whether writes of this conversation wait for the database to recover."""
+        return any(job.conversation_id == conversation_id for job in self._unwritten)
+
+    async def _write_loop(self) -> None:
+        while True:
+            job = await self._next_job()
+            if job is None:
+                await self._finish()
+                return
+            batch = self._gather(job)
+            if self._closing and self.failure is not None:
+                # Shutting down while the database refuses: do not wait on it for every batch; the
+                # writes are kept and tried once more at the end.
+                self._refused([*self._unwritten, *batch], self.failure)
+            else:
+                await self._write_batch(batch)
+
+    async def _next_job(self) -> Job | None:
+        if not self._unwritten:
+            return await self._jobs.get()
+        # While writes wait for the database to recover, try them again every few seconds.
+        try:
+            return await asyncio.wait_for(self._jobs.get(), RETRY_SECONDS)
+        except TimeoutError:
+            return Job(_nothing, None, retry=False)
+
+    def _gather(self, first: Job) -> list[Job]:
+        """Group commit: the jobs queued meanwhile share one transaction, each in its own savepoint."""
+        batch = [first]
+        while len(batch) < BATCH_SIZE and not self._jobs.empty():
+            if (more := self._jobs.get_nowait()) is None:
+                self._jobs.put_nowait(None)  # the shutdown mark stays last
+                break
+            batch.append(more)
+        return batch
+
+    async def _finish(self) -> None:
+        if self._unwritten:
+            await self._write_batch([])
+            if self._unwritten:
+                logger.error("%d writes could not be saved before shutdown", len(self._unwritten))
+
+    async def _write_batch(self, batch: list[Job]) -> None:
+        jobs, self._unwritten = [*self._unwritten, *batch], []
+        self._batch = jobs  # for close() to account for, should it have to give up on the writer
+        try:
+            results = await self._commit(jobs)
+        except Exception as error:
+            # Nothing of the batch was written: every job failed with the database, not on its own.
+            self._refused(jobs, str(error) or type(error).__name__)
+            return
+        finally:
+            self._batch = []
+        self.failure = None
+        for job, result, error in results:
+            self._settle(job, result, error)
+
+    async def _commit(self, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
+        """Write `jobs` in one transaction; a job that fails on its own is rolled back to its savepoint."""
+        db = await self._writer_connection()
+        results: list[tuple[Job, Any, Exception | None]] = []
+        async with db.transaction():
+            for job in jobs:
+                try:
+                    async with db.transaction():  # nested: a savepoint
+                        result = await job.work(db)
+                except Exception as error:
+                    if may_pass(error):
+                        raise  # the database, not this job: the whole batch waits
+                    logger.error("database write failed: %s", error)
+                    results.append((job, None, error))
+                else:
+                    results.append((job, result, None))
+        return results
+
+    async def _writer_connection(self) -> asyncpg.Connection:
+        if self._connection is None or self._connection.is_closed():
+            # Lost (the server restarted, a failed batch dropped it): a new one, or the batch fails.
+            self._drop_connection()
+            self._connection = await self._connect("writer")
+        return self._connection
+
+    def _refused(self, jobs: list[Job], reason: str) -> None:
+        """The database refused `jobs` (the unwritten ones first): fail them all, keep the retried ones."""
+        # A fresh connection next time: this one may be broken, or stuck in a transaction.
+        self._drop_connection()
+        self.failure = reason
+        self._unwritten = [job for job in jobs if job.retry][-MAX_UNWRITTEN:]
+        logger.error("database writes failed (%d kept to write again): %s", len(self._unwritten), reason)
+        for job in jobs:
+            self._settle(job, None, StorageError(f"The database could not save this ({reason})."))
+
+    @staticmethod
+    def _settle(job: Job, result: Any, error: Exception | None) -> None:
+        if job.done is None or job.done.done():
+            return  # a write retried after its caller was told it failed (or a caller that gave up)
+        if error is None:
+            job.done.set_result(result)
+        else:
+            job.done.set_exception(error)
+
+    def _write(self, work: Work[T], conversation_id: str | None, retry: bool = True) -> asyncio.Future[T]:
+        """Queue a write now (writes run in the order they are queued); await the result when it matters."""
+        done: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._jobs.put_nowait(Job(work, done, conversation_id, retry))
+        # The writer logs a failure; a caller that does not wait for the result need not hear of it again.
+        done.add_done_callback(lambda future: future.cancelled() or future.exception())
+        return done
+
+    async def _read(self, work: Work[T]) -> T:
+        if self._pool is None:
+            raise RuntimeError("the store is not open")
+        async with self._pool.acquire() as db:
+            return await work(db)
+
+    # ---- conversations and messages --------------------------------------------------------------
+
+    async def create_conversation(self, record: ConversationRecord) -> None:
+        await self._write(lambda db: _insert_conversation(db, record), record.id)
+
+    def update_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+        record.updated_at = time.time()
+        row = (record.title, record.model, record.system_prompt, record.updated_at, record.id)
+        query = "UPDATE conversations SET title = $1, model = $2, system_prompt = $3, updated_at = $4 WHERE id = $5"
+        return self._write(lambda db: db.execute(query, *row), record.id)
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        async def work(db: asyncpg.Connection) -> bool:
+            return _count(await db.execute("DELETE FROM conversations WHERE id = $1", conversation_id)) > 0
+
+        # Not written again later: the caller tells the user it failed, and the conversation stays.
+        return await self._write(work, conversation_id, retry=False)
+
+    async def list_conversations(self, owner: str) -> list[ConversationRecord]:
+        query = "SELECT * FROM conversations WHERE owner = $1 ORDER BY updated_at DESC, created_at DESC"
+        rows = await self._read(lambda db: db.fetch(query, owner))
+        return [_conversation(row) for row in rows]
+
+    async def load(self, conversation_id: str) -> tuple[ConversationRecord, list[Message]] | None:
+        async def work(db: asyncpg.Connection) -> tuple[ConversationRecord, list[Message]] | None:
+            # One snapshot: the messages are those of the conversation as read, not of a later write.
+            async with db.transaction(isolation="repeatable_read", readonly=True):
+                row = await db.fetchrow("SELECT * FROM conversations WHERE id = $1", conversation_id)
+                if row is None:
+                    return None
+                query = "SELECT * FROM messages WHERE conversation_id = $1 ORDER BY seq"
+                return _conversation(row), [_message(message) for message in await db.fetch(query, conversation_id)]
+
+        return await self._read(work)
+
+    @staticmethod
+    def _upsert(conversation_id: str, messages: list[Message], delete_ids: list[str] | None = None) -> Work[None]:
+        # The rows are taken now, as queued: a reply goes on changing after its checkpoint is queued.
+        rows = [
+            (
+                m.id,
+                conversation_id,
+                m.turn_id,
+                m.role,
+                m.content,
+                m.reasoning,
+                m.status,
+                m.error,
+                json.dumps(m.meta),
+                m.created_at,
+            )
+            for m in messages
+        ]
+
+        async def work(db: asyncpg.Connection) -> None:
+            if delete_ids:
+                await db.execute("DELETE FROM messages WHERE id = ANY($1::text[])", delete_ids)
+            if rows:
+                await db.executemany(UPSERT_MESSAGE, rows)
+            await db.execute("UPDATE conversations SET updated_at = $1 WHERE id = $2", time.time(), conversation_id)
+
+        return work
+
+    def open_turn(
+        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message], delete_ids: list[str]
+    ) -> asyncio.Future[None]:
+        """Queue, at once, what a turn starts with: the conversation if it is `new`, the messages it replaces
+        deleted, its messages saved. Later writes land after it, so the turn need not wait for it."""
+        upsert = self._upsert(conversation_id, messages, delete_ids)
+
+        async def work(db: asyncpg.Connection) -> None:
+            if new is not None:
+                await _insert_conversation(db, new)
+            await upsert(db)
+
+        return self._write(work, conversation_id)
+
+    async def save_messages(self, conversation_id: str, messages: list[Message]) -> None:
+        """Insert or update these messages, in order, in one transaction."""
+        await self._write(self._upsert(conversation_id, messages), conversation_id)
+
+    def checkpoint(self, conversation_id: str, message: Message) -> None:
+        """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
+        self._jobs.put_nowait(Job(self._upsert(conversation_id, [message]), None, conversation_id))
+
+    # ---- sign-in ---------------------------------------------------------------------------------
+
+    async def secret(self, name: str, make: Callable[[], str]) -> str:
+        """The secret `name`, made by `make()` and kept the first time it is asked for. Two replicas that
+        ask at once get the same one: the second insert waits for the first to commit, then does nothing."""
+        value = make()
+
+        async def work(db: asyncpg.Connection) -> str:
+            insert = "INSERT INTO secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING"
+            await db.execute(insert, name, value)
+            return await db.fetchval("SELECT value FROM secrets WHERE name = $1", name)
+
+        return await self._write(work, None, retry=False)
+
+    async def create_session(self, session_id: str, user: str, lifetime: float) -> None:
+        now = time.time()
+        row = (session_hash(session_id), user, now, now + lifetime)
+        query = 'INSERT INTO sessions (id_hash, "user", created_at, expires_at) VALUES ($1, $2, $3, $4)'
+        await self._write(lambda db: db.execute(query, *row), None, retry=False)
+
+    async def session_user(self, session_id: str) -> str | None:
+        """The user of a session that is neither revoked nor expired."""
+        query = 'SELECT "user" FROM sessions WHERE id_hash = $1 AND revoked_at IS NULL AND expires_at > $2'
+        return await self._read(lambda db: db.fetchval(query, session_hash(session_id), time.time()))
+
+    async def revoke_sessions(self, session_id: str | None = None) -> int:
+        """Revoke one session, or every one; how many were live."""
+        query = "UPDATE sessions SET revoked_at = $1 WHERE revoked_at IS NULL"
+        args: tuple[Any, ...] = (time.time(),)
+        if session_id:
+            query, args = query + " AND id_hash = $2", (*args, session_hash(session_id))
+
+        async def work(db: asyncpg.Connection) -> int:
+            return _count(await db.execute(query, *args))
+
+        return await self._write(work, None, retry=False)
+
+    async def dead_sessions(self, session_ids: list[str]) -> set[str]:
+        """Which of these sessions are revoked, expired or unknown (a socket on one must close)."""
+        hashes = {session_hash(session_id): session_id for session_id in session_ids}
+        query = (
+            "SELECT id_hash FROM sessions WHERE revoked_at IS NULL AND expires_at > $1 AND id_hash = ANY($2::text[])"
+        )
+        rows = await self._read(lambda db: db.fetch(query, time.time(), list(hashes)))
+        live = {row["id_hash"] for row in rows}
+        return {session_id for digest, session_id in hashes.items() if digest not in live}
