@@ -16,6 +16,7 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from tests.fake_openai import FakeOpenAI, FakeOpenAIThread
+from tests.services import fresh_postgres_url, postgres_server, postgres_url  # noqa: F401 (fixtures)
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "sk-test-SECRET-abcdef0123456789"

@@ -1,61 +1,235 @@
-"""The SQLite store, on a real file: writes in order, one failure isolated, reads beside the writer."""
+"""Both stores, on real databases (a SQLite file; a PostgreSQL database of the test's own), held to the
+same behaviour by the same tests; then what only one of them can be made to do (a full disk for SQLite;
+replicas migrating together, a lost connection, a database refusing writes for PostgreSQL)."""
 
 import asyncio
 import logging
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import pytest
 
+from tests.services import database_name, postgres_admin
 from utils.messages import ConversationRecord, Message
+from utils.pg_store import MIGRATIONS, PostgresStore
 from utils.protocol import StorageError
+from utils.settings import Settings
 from utils.sqlite_store import Job, SqliteStore
+from utils.store import Store, make_store
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_queued_writes_land_in_order_and_a_failing_one_takes_no_other_down(tmp_path, caplog):
+class Stores:
+    """Makes stores of one kind on one database: every call a new one, as a restart or a replica makes."""
+
+    def __init__(self, kind: str, make: Callable[[], Store]) -> None:
+        self.kind = kind
+        self._make = make
+
+    def __call__(self) -> Store:
+        return self._make()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store(request, tmp_path) -> Stores:
+    if request.param == "sqlite":
+        path = tmp_path / "chat.db"
+        return Stores("sqlite", lambda: SqliteStore(path))
+    url = request.getfixturevalue("fresh_postgres_url")
+    return Stores("postgres", lambda: PostgresStore(url))
+
+
+@asynccontextmanager
+async def opened(stores: Stores, sweep_streaming: bool = True) -> AsyncIterator[Store]:
+    db = stores()
+    await db.open(sweep_streaming)
+    try:
+        yield db
+    finally:
+        await db.close()
+
+
+# What a write that fails on its own (a message of no conversation) raises, store by store.
+FOREIGN_KEY_ERROR = {"sqlite": sqlite3.IntegrityError, "postgres": asyncpg.ForeignKeyViolationError}
+
+
+# ---- the same behaviour from both stores -----------------------------------------------------------
+
+
+def test_queued_writes_land_in_order_and_a_failing_one_takes_no_other_down(store, caplog):
     async def scenario():
-        store = SqliteStore(tmp_path / "chat.db")
-        await store.open()
-        record = ConversationRecord(model="m", system_prompt="")
-        writes = [store.create_conversation(record)]
-        writes += [store.save_messages(record.id, [Message(role="user", content=str(i))]) for i in range(5)]
-        writes.insert(3, store.save_messages("no-such-conversation", [Message(role="user", content="orphan")]))
-        results = await asyncio.gather(*writes, return_exceptions=True)
-        _, messages = await store.load(record.id)
-        await store.close()
-        return results, messages
+        async with opened(store) as db:
+            record = ConversationRecord(model="m", system_prompt="")
+            writes = [db.create_conversation(record)]
+            writes += [db.save_messages(record.id, [Message(role="user", content=str(i))]) for i in range(5)]
+            writes.insert(3, db.save_messages("no-such-conversation", [Message(role="user", content="orphan")]))
+            results = await asyncio.gather(*writes, return_exceptions=True)
+            _, messages = await db.load(record.id)
+            return results, messages, db.failure, db.unwritten(record.id)
 
     with caplog.at_level(logging.ERROR):
-        results, messages = asyncio.run(scenario())
-    assert [type(r).__name__ for r in results] == ["NoneType"] * 3 + ["IntegrityError"] + ["NoneType"] * 3
+        results, messages, failure, unwritten = asyncio.run(scenario())
+    assert [r is None for r in results] == [True] * 3 + [False] + [True] * 3
+    assert type(results[3]) is FOREIGN_KEY_ERROR[store.kind]  # its own failure, not the database's
     assert [m.content for m in messages] == ["0", "1", "2", "3", "4"]
     assert "database write failed" in caplog.text
+    assert (failure, unwritten) == (None, False)  # nothing waits: one job's failure is no database failure
 
 
-def test_a_reply_marked_streaming_is_found_interrupted_on_the_next_open(tmp_path):
+def test_a_turn_round_trips_every_field_and_replaces_the_messages_it_names(store):
+    record = ConversationRecord(model="m", system_prompt="Be brief.", title="Ünïcode ✓", owner="ada")
+    question = Message(role="user", content="q?", turn_id="t1")
+    reply = Message(
+        role="assistant",
+        content="**a**",
+        status="error",
+        turn_id="t1",
+        reasoning="thought about it",
+        error="provider said no",
+        meta={"model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 1}, "ttft_ms": 12.5, "z": None},
+        created_at=1_700_000_000.123456,
+    )
+    retry = Message(role="assistant", content="again", turn_id="t2", status="streaming")
+
     async def scenario():
-        store = SqliteStore(tmp_path / "chat.db")
-        await store.open()
-        record = ConversationRecord(model="m", system_prompt="")
-        reply = Message(role="assistant", content="half a repl", status="streaming")
-        await store.open_turn(record.id, record, [Message(role="user", content="q"), reply], [])
-        await store.close()
-        again = SqliteStore(tmp_path / "chat.db")
-        interrupted = await again.open()
-        _, messages = await again.load(record.id)
-        await again.close()
-        return interrupted, [(m.status, m.content) for m in messages]
+        async with opened(store) as db:
+            first = db.open_turn(record.id, record, [question, reply], [])  # not awaited: later writes follow it
+            record.title = "Renamed"
+            renamed = db.update_conversation(record)
+            await asyncio.gather(first, renamed)
+            after_first = await db.load(record.id)
+            await db.open_turn(record.id, None, [retry], [reply.id])
+            return after_first, await db.load(record.id)
 
-    assert asyncio.run(scenario()) == (1, [("complete", "q"), ("interrupted", "half a repl")])
+    (stored, messages), (_, replaced) = asyncio.run(scenario())
+    assert stored == record  # every field, updated_at included (update_conversation set it)
+    assert messages == [question, reply]  # every field: reasoning, error, meta, exact float timestamps
+    assert replaced == [question, retry]
 
 
-def test_loading_an_unknown_conversation_gives_none(tmp_path):
+def test_deleting_a_conversation_deletes_its_messages(store):
     async def scenario():
-        store = SqliteStore(tmp_path / "chat.db")
-        await store.open()
-        loaded = await store.load("no-such-id")
-        await store.close()
-        return loaded
+        async with opened(store) as db:
+            record = ConversationRecord(model="m", system_prompt="")
+            kept = ConversationRecord(model="m", system_prompt="")
+            message = Message(role="user", content="gone with it")
+            await db.open_turn(record.id, record, [message], [])
+            await db.open_turn(kept.id, kept, [Message(role="user", content="stays")], [])
+            deleted = await db.delete_conversation(record.id)
+            again = await db.delete_conversation(record.id)
+            # The message's id is free again: its row went with the conversation.
+            await db.open_turn(kept.id, None, [message], [])
+            return deleted, again, await db.load(record.id), await db.load(kept.id)
+
+    deleted, again, loaded, (_, kept_messages) = asyncio.run(scenario())
+    assert (deleted, again, loaded) == (True, False, None)
+    assert [m.content for m in kept_messages] == ["stays", "gone with it"]
+
+
+def test_conversations_are_listed_by_owner_newest_first(store):
+    async def scenario():
+        async with opened(store) as db:
+            old = ConversationRecord(model="m", system_prompt="", owner="ada", title="old")
+            new = ConversationRecord(model="m", system_prompt="", owner="ada", title="new")
+            other = ConversationRecord(model="m", system_prompt="", owner="bob", title="bob's")
+            for record in (old, new, other):
+                await db.create_conversation(record)
+            await db.save_messages(new.id, [Message(role="user", content="touches it")])
+            await asyncio.sleep(0.01)
+            await db.save_messages(old.id, [Message(role="user", content="touched last")])  # now the newest
+            return [[r.title for r in await db.list_conversations(who)] for who in ("ada", "bob", "nobody")]
+
+    assert asyncio.run(scenario()) == [["old", "new"], ["bob's"], []]
+
+
+def test_loading_an_unknown_conversation_gives_none(store):
+    async def scenario():
+        async with opened(store) as db:
+            return await db.load("no-such-id")
 
     assert asyncio.run(scenario()) is None
+
+
+@pytest.mark.parametrize("sweep", [True, False], ids=["sweep", "replica"])
+def test_a_reply_left_streaming_is_marked_interrupted_on_the_next_open_only_with_the_sweep(store, sweep):
+    async def scenario():
+        record = ConversationRecord(model="m", system_prompt="")
+        reply = Message(role="assistant", content="half a repl", status="streaming")
+        async with opened(store) as db:
+            await db.open_turn(record.id, record, [Message(role="user", content="q"), reply], [])
+        again = store()
+        interrupted = await again.open(sweep)
+        try:
+            _, messages = await again.load(record.id)
+        finally:
+            await again.close()
+        return interrupted, [(m.status, m.content) for m in messages]
+
+    interrupted, messages = asyncio.run(scenario())
+    if sweep:
+        assert (interrupted, messages) == (1, [("complete", "q"), ("interrupted", "half a repl")])
+    else:  # another replica may be streaming it right now
+        assert (interrupted, messages) == (0, [("complete", "q"), ("streaming", "half a repl")])
+
+
+def test_a_secret_is_made_once_even_when_two_stores_ask_at_once(store):
+    async def scenario():
+        async with opened(store) as one, opened(store, sweep_streaming=False) as two:
+            first = await asyncio.gather(one.secret("key", lambda: "from one"), two.secret("key", lambda: "from two"))
+            later = await two.secret("key", lambda: "made again")
+            other = await one.secret("other", lambda: "another secret")
+            return first, later, other
+
+    (a, b), later, other = asyncio.run(scenario())
+    assert a == b == later and a in ("from one", "from two")
+    assert other == "another secret"
+
+
+def test_sessions_live_until_they_expire_or_are_revoked(store):
+    async def scenario():
+        async with opened(store) as db:
+            await db.create_session("ada-1", "ada", 3600)
+            await db.create_session("ada-2", "ada", 3600)
+            await db.create_session("bob-1", "bob", 3600)
+            await db.create_session("old-1", "old", -1)  # expired as soon as made
+            users = [await db.session_user(s) for s in ("ada-1", "bob-1", "old-1", "unknown")]
+            revoked_one = await db.revoke_sessions("ada-1")
+            revoked_again = await db.revoke_sessions("ada-1")
+            dead = await db.dead_sessions(["ada-1", "ada-2", "bob-1", "old-1", "unknown"])
+            revoked_all = await db.revoke_sessions()
+            left = [await db.session_user(s) for s in ("ada-2", "bob-1")]
+            return users, revoked_one, revoked_again, dead, revoked_all, left, await db.dead_sessions([])
+
+    users, revoked_one, revoked_again, dead, revoked_all, left, none = asyncio.run(scenario())
+    assert users == ["ada", "bob", None, None]
+    assert (revoked_one, revoked_again) == (1, 0)
+    assert dead == {"ada-1", "old-1", "unknown"}
+    assert revoked_all == 3  # ada-2, bob-1 and the expired old-1: every one not revoked before
+    assert left == [None, None]
+    assert none == set()
+
+
+def test_make_store_picks_postgresql_for_a_database_url_and_sqlite_never_imports_asyncpg(tmp_path):
+    url = "postgresql://app:secret@db.example:5432/chat"
+    assert isinstance(make_store(Settings(database_url=url)), PostgresStore)
+    assert isinstance(make_store(Settings(db_path=tmp_path / "c.db")), SqliteStore)
+    check = (
+        "import sys; from utils.settings import Settings; from utils.store import make_store; "
+        "make_store(Settings()); print('asyncpg' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == "False"
+
+
+# ---- SQLite only: a full disk ----------------------------------------------------------------------
 
 
 def fill_the_disk(store: SqliteStore) -> None:
@@ -110,3 +284,132 @@ def test_writes_still_refused_at_shutdown_are_reported_and_shutdown_completes(tm
     with caplog.at_level(logging.ERROR):
         asyncio.run(scenario())
     assert "1 writes could not be saved before shutdown" in caplog.text
+
+
+# ---- PostgreSQL only: replicas, a lost connection, a database that refuses writes ----------------------
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` carrying a password (trust authentication ignores it; the store must never show it)."""
+    parts = urlsplit(url)
+    user = parts.username or "postgres"
+    return urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port or 5432}"))
+
+
+async def refuse_connections(url: str, refuse: bool) -> None:
+    """Make the database refuse new connections and end the open ones (as a server going down does),
+    or take connections again."""
+    name = database_name(url)
+    admin = await postgres_admin()
+    try:
+        await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"false" if refuse else "true"}')
+        if refuse:
+            ended = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1"
+            await admin.execute(ended, name)
+    finally:
+        await admin.close()
+
+
+async def end_the_writers_connection(url: str) -> None:
+    admin = await postgres_admin()
+    try:
+        ended = (
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = $1 AND application_name = 'pocketchat-writer'"
+        )
+        await admin.execute(ended, database_name(url))
+    finally:
+        await admin.close()
+
+
+async def until(condition: Callable[[], bool], timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        await asyncio.sleep(0.05)
+
+
+def test_replicas_opening_a_fresh_database_together_apply_the_schema_once(fresh_postgres_url, caplog):
+    async def scenario():
+        replicas = [PostgresStore(fresh_postgres_url) for _ in range(6)]
+        opened = await asyncio.gather(*(replica.open(sweep_streaming=False) for replica in replicas))
+        admin = await asyncpg.connect(fresh_postgres_url)
+        try:
+            versions = [row["version"] for row in await admin.fetch("SELECT version FROM schema_version ORDER BY 1")]
+        finally:
+            await admin.close()
+        for replica in replicas:
+            await replica.close()
+        return opened, versions
+
+    with caplog.at_level(logging.INFO, logger="utils.pg_store"):
+        opened, versions = asyncio.run(scenario())
+    assert opened == [0] * 6
+    assert versions == list(range(1, len(MIGRATIONS) + 1))
+    assert caplog.text.count("database schema upgraded to version 1") == 1
+
+
+def test_a_lost_writer_connection_is_replaced_without_a_failed_write(fresh_postgres_url):
+    async def scenario():
+        async with opened(Stores("postgres", lambda: PostgresStore(fresh_postgres_url))) as db:
+            record = ConversationRecord(model="m", system_prompt="")
+            await db.create_conversation(record)
+            await end_the_writers_connection(fresh_postgres_url)  # a server restart, an idle timeout
+            await asyncio.sleep(0.3)  # the client hears of it
+            await db.save_messages(record.id, [Message(role="user", content="after")])
+            _, messages = await db.load(record.id)
+            return db.failure, [m.content for m in messages]
+
+    assert asyncio.run(scenario()) == (None, ["after"])
+
+
+def test_writes_the_database_refuses_fail_are_kept_and_land_in_order_once_it_recovers(fresh_postgres_url, caplog):
+    password = urlsplit(fresh_postgres_url).password or "not-to-be-logged-3f9a"
+    url = with_password(fresh_postgres_url, password)
+
+    async def scenario():
+        db = PostgresStore(url)
+        await db.open()
+        record = ConversationRecord(model="m", system_prompt="")
+        await db.create_conversation(record)
+        await refuse_connections(url, True)
+        with pytest.raises(StorageError) as refused:
+            await db.save_messages(record.id, [Message(role="user", content="one")])
+        failing = (db.failure, db.unwritten(record.id))
+        db.checkpoint(record.id, Message(role="assistant", content="two"))  # queued behind, fails as well
+        with pytest.raises(StorageError):
+            await db.delete_conversation(record.id)  # never written again: the caller said it failed
+        await refuse_connections(url, False)
+        await until(lambda: not db.unwritten(record.id))  # the writer retries by itself every 2 s
+        _, messages = await db.load(record.id)
+        recovered = db.failure
+        await db.close()
+        return str(refused.value), failing, recovered, [m.content for m in messages]
+
+    with caplog.at_level(logging.INFO):
+        refused, (failure, kept), recovered, stored = asyncio.run(scenario())
+    assert refused.startswith("The database could not save this") and failure and kept
+    assert recovered is None
+    assert stored == ["one", "two"]  # in the order queued; the refused delete did not happen later
+    assert "database writes failed" in caplog.text
+    assert password not in caplog.text + refused + failure
+
+
+def test_shutdown_completes_while_the_database_refuses_and_reports_what_is_lost(fresh_postgres_url, caplog):
+    async def scenario():
+        db = PostgresStore(fresh_postgres_url)
+        await db.open()
+        record = ConversationRecord(model="m", system_prompt="")
+        await db.create_conversation(record)
+        await refuse_connections(fresh_postgres_url, True)
+        with pytest.raises(StorageError):
+            await db.save_messages(record.id, [Message(role="user", content="lost")])
+        db.checkpoint(record.id, Message(role="assistant", content="lost too"))
+        started = time.monotonic()
+        await db.close()
+        return time.monotonic() - started
+
+    with caplog.at_level(logging.ERROR):
+        took = asyncio.run(scenario())
+    assert took < 10
+    assert "2 writes could not be saved before shutdown" in caplog.text
