@@ -10,8 +10,10 @@ has fallen behind: it is closed with 1013 and its page reconnects and resumes fr
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,15 +22,16 @@ from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
 
 from auth import SIGNED_OUT, VISITOR, Visitor, same_origin
 from state import AppState, chat_state
-from turns import start_turn
+from turns import begin_turn
 from utils import protocol
-from utils.conversations import Conversation
+from utils.conversations import Conversation, Turn, TurnIds
 from utils.protocol import BadFrame, ProtocolError, RateLimited
 from utils.turn_log import TurnLog
 
 logger = logging.getLogger("pocketchat")
 
 MAX_QUEUED = 256  # frames and logs waiting for one socket before it counts as fallen behind
+MAX_QUEUED_BYTES = 8 << 20  # and bytes: a `ready` carries the whole history, and hellos are cheap to send
 GONE = (WebSocketDisconnect, WebSocketDisconnected, OSError)  # the socket closed under us
 
 
@@ -70,6 +73,7 @@ class Client:
         self.conversation: Conversation | None = None
         self._frames: deque[str] = deque()
         self._follows: deque[Follow] = deque()
+        self._queued_bytes = 0
         self._queued_frames = 0  # how many frames were ever queued; and sent:
         self._sent_frames = 0
         self._closing: Close | None = None
@@ -82,7 +86,9 @@ class Client:
     def send(self, frame: dict[str, Any]) -> None:
         if self._full():
             return
-        self._frames.append(protocol.encode(frame))
+        text = protocol.encode(frame)
+        self._frames.append(text)
+        self._queued_bytes += len(text)
         self._queued_frames += 1
         self._wake_frames.set()
 
@@ -111,6 +117,8 @@ class Client:
     def _full(self) -> bool:
         if len(self._frames) + len(self._follows) >= MAX_QUEUED:
             self._close(FellBehind(f"over {MAX_QUEUED} frames waiting"))
+        elif self._queued_bytes > MAX_QUEUED_BYTES:
+            self._close(FellBehind(f"over {MAX_QUEUED_BYTES >> 20} MiB waiting"))
         return self._closing is not None
 
     def _stop_following(self, conversation: Conversation) -> None:
@@ -164,7 +172,7 @@ class Client:
                 self._wake_frames.clear()
                 await self._wake_frames.wait()
             await self._send_text(self._frames[0])
-            self._frames.popleft()
+            self._queued_bytes -= len(self._frames.popleft())
             self._sent_frames += 1
             self._wake_logs.set()  # a follow may have waited for this frame (its `ready`)
 
@@ -209,21 +217,20 @@ class Client:
             turn = conversation.turn if conversation else None
             # A stop that arrives after its turn ended, or before any, is harmless and ignored.
             if turn is not None and frame.turn_id in (None, turn.id):
-                turn.stop.set()
+                self.state.coordinator.stop(turn)  # here, or on the replica that runs it
             return
-        limits = self.state.limits
-        limits.check_message(self.user)
+        self.state.limits.check_message(self.user)
+        begin: Callable[[TurnIds], Turn]
         if isinstance(frame, protocol.Message):
             conversation = conversation or await self.hello(None)
-            turn = conversation.begin_message(frame.content)
+            begin = functools.partial(conversation.begin_message, frame.content)
         elif conversation is None:
             raise BadFrame(f"Say hello first: a '{frame.type}' needs a conversation.")
         elif isinstance(frame, protocol.Regenerate):
-            turn = conversation.begin_regenerate()
+            begin = conversation.begin_regenerate
         else:
-            turn = conversation.begin_edit(frame.message_id, frame.content)
-        limits.count_message(self.user)
-        start_turn(self.state, conversation, turn)
+            begin = functools.partial(conversation.begin_edit, frame.message_id, frame.content)
+        await begin_turn(self.state, conversation, begin, self.user)
 
     async def hello(self, session_id: str | None) -> Conversation:
         state = self.state

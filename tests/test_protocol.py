@@ -115,6 +115,22 @@ def test_a_second_turn_on_one_conversation_from_two_tabs_after_a_rehello_is_refu
     assert len(fake.chat_requests) == 1
 
 
+def test_a_rehello_on_a_stored_conversation_keeps_one_copy_so_a_second_tab_cannot_start_a_second_turn(app, fake):
+    fake.queue(Reply(tokens=["stored"]), Reply(count=40, pace=0.02))
+    tab = app.client()
+    session = tab.hello()["session_id"]
+    assert tab.turn("store it first")[-1]["status"] == "complete"  # stored: let go at once when idle
+    tab.hello(session)
+    other = app.client()
+    other.hello(session)
+    tab.send("message", content="one")
+    tab.until("chunk")
+    other.send("message", content="two")
+    assert other.until("error")[-1]["code"] == "turn_in_progress"
+    assert tab.until("turn_end")[-1]["status"] == "complete"
+    assert len(fake.chat_requests) == 2
+
+
 def test_a_new_conversation_survives_its_socket_dropping_before_any_message(app):
     first = app.client()
     session = first.hello()["session_id"]

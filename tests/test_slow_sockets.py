@@ -2,9 +2,11 @@
 closed with 1013 once it has fallen behind; its client comes back and resumes."""
 
 import asyncio
+import contextlib
 import json
 import socket
 
+import psutil
 from websockets.asyncio.client import connect as connect_async
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
@@ -147,8 +149,28 @@ def test_a_client_that_floods_frames_and_reads_nothing_is_closed_and_the_server_
     except OSError:
         pass  # the server stopped reading once it closed this socket
     wait_for(lambda: "closing a WebSocket that fell behind" in app.logs(), timeout=30)
+    assert "fell behind (over 256 frames waiting)" in app.logs()  # closed for what it queued, at once
     _, code = stalled.read_until_closed()
     assert code == 1013
     assert app.client().hello()["type"] == "ready"
     assert app.get("/healthz")["status"] == "ok"
+    stalled.close()
+
+
+def test_hellos_a_client_never_reads_do_not_make_the_server_hold_hundreds_of_megabytes(start_app):
+    app = start_app()  # the default --send-timeout: 10 s
+    client = app.client()
+    session = client.hello()["session_id"]
+    for i in range(4):  # about 1 MB of history: each `ready` carries all of it
+        assert client.turn(f"{i} " + "x" * 250_000)[-1]["status"] == "complete"
+    client.close()
+    server = psutil.Process(app.process.pid)
+    before = server.memory_info().rss
+    stalled = StalledSocket(app)
+    with contextlib.suppress(OSError):
+        for _ in range(255):  # about 15 KB sent in all
+            stalled.send({"type": "hello", "session_id": session})
+    wait_for(lambda: "closing a WebSocket that fell behind (over 8 MiB waiting)" in app.logs())
+    grown = (server.memory_info().rss - before) / 2**20
+    assert grown < 64, f"the server grew by {grown:.0f} MiB"
     stalled.close()

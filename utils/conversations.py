@@ -10,7 +10,7 @@ leaves, so that a page that lost its connection can come back to it.
 import asyncio
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -37,6 +37,14 @@ class Subscriber(Protocol):
         """Leave the conversation."""
 
 
+@dataclass(frozen=True)
+class TurnIds:
+    """A turn's id and its reply's, made before the turn begins (a replica claims the turn by them)."""
+
+    turn: str = field(default_factory=new_id)
+    reply: str = field(default_factory=new_id)
+
+
 @dataclass
 class Turn:
     user_message: Message
@@ -48,6 +56,7 @@ class Turn:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.monotonic)
     task: asyncio.Task[None] | None = None
+    failure: str | None = None  # why the turn could not go on (Redis lost, with replicas)
 
     def reply_so_far(self) -> Message:
         """The reply, with the text and reasoning its log holds now."""
@@ -57,9 +66,16 @@ class Turn:
 
 
 class Conversation:
-    def __init__(self, record: ConversationRecord, history: list[Message], stored: bool = True) -> None:
+    def __init__(
+        self,
+        record: ConversationRecord,
+        history: list[Message],
+        stored: bool = True,
+        new_log: Callable[[str], TurnLog] = InProcessTurnLog,
+    ) -> None:
         self.record = record
         self.history = history
+        self.new_log = new_log  # the log a turn gets: shared with other replicas or not
         # A new conversation is stored with its first turn or change, so that opening the page or
         # pressing New chat leaves no empty conversations behind.
         self.stored = stored
@@ -84,17 +100,22 @@ class Conversation:
             return frame, None, 0
         return frame, turn.log, running["seq"]
 
-    def _begin(self, user_message: Message, replaced: list[Message]) -> Turn:
+    def _begin(self, user_message: Message, replaced: list[Message], ids: "TurnIds") -> Turn:
         if self.deleting:
             raise UnknownSession("This conversation is being deleted.")
         if self.turn is not None:
             raise TurnInProgress("A reply is still being written; stop it or wait for it to finish.")
-        turn_id = new_id()
+        turn_id = ids.turn
         user_message.turn_id = turn_id
         reply = Message(
-            role="assistant", content="", status="streaming", turn_id=turn_id, meta={"model": self.record.model}
+            role="assistant",
+            content="",
+            status="streaming",
+            turn_id=turn_id,
+            id=ids.reply,
+            meta={"model": self.record.model},
         )
-        log = InProcessTurnLog(turn_id)
+        log = self.new_log(turn_id)
         turn = Turn(user_message=user_message, reply=reply, log=log, replaced=replaced, id=turn_id)
         replaced_ids = {m.id for m in replaced}
         self.history = [m for m in self.history if m.id not in replaced_ids]
@@ -105,23 +126,23 @@ class Conversation:
             subscriber.follow(log, 0)
         return turn
 
-    def begin_message(self, content: str) -> Turn:
+    def begin_message(self, content: str, ids: "TurnIds | None" = None) -> Turn:
         """Start a turn for a new user message."""
-        return self._begin(Message(role="user", content=content), [])
+        return self._begin(Message(role="user", content=content), [], ids or TurnIds())
 
-    def begin_regenerate(self) -> Turn:
+    def begin_regenerate(self, ids: "TurnIds | None" = None) -> Turn:
         """Start a turn that answers the last user message again, replacing the replies after it."""
         last_user = self._last_user_index()
-        return self._begin(self.history[last_user], self.history[last_user:])
+        return self._begin(self.history[last_user], self.history[last_user:], ids or TurnIds())
 
-    def begin_edit(self, message_id: str, content: str) -> Turn:
+    def begin_edit(self, message_id: str, content: str, ids: "TurnIds | None" = None) -> Turn:
         """Start a turn for the last user message with new text, replacing it and the replies after it."""
         last_user = self._last_user_index()
         if self.history[last_user].id != message_id:
             raise protocol.BadFrame("Only the last user message can be edited.")
         # Same id: clients replace the message they have with this one and drop the replies after it.
         edited = Message(role="user", content=content, id=message_id)
-        return self._begin(edited, self.history[last_user:])
+        return self._begin(edited, self.history[last_user:], ids or TurnIds())
 
     def _last_user_index(self) -> int:
         if self.turn is not None:
@@ -142,11 +163,23 @@ class Conversation:
             subscriber.send(frame)
 
 
+class Coordinator(Protocol):
+    """What the hub needs of the replicas' coordinator (`cluster.py`): the log a turn gets, and to
+    follow a turn that runs elsewhere when it loads a conversation."""
+
+    def new_log(self, turn_id: str) -> TurnLog: ...
+
+    async def adopt(self, conversation: "Conversation") -> None: ...
+
+
 class Hub:
     """Finds a conversation in memory or loads it from the store, so that every socket shares one copy."""
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, coordinator: Coordinator | None = None) -> None:
         self.store = store
+        # A conversation kept in memory for its refused writes is let go once they land.
+        store.on_written = self._written
+        self.coordinator = coordinator
         self._live: dict[str, Conversation] = {}
         self._loading: dict[str, asyncio.Future[Conversation | None]] = {}
         # New conversations that no socket holds, with when they are let go, the soonest first.
@@ -156,6 +189,17 @@ class Hub:
     def running_turns(self) -> list[Turn]:
         return [c.turn for c in self._live.values() if c.turn is not None]
 
+    def _written(self, conversation_id: str) -> None:
+        if (conversation := self._live.get(conversation_id)) is not None:
+            self.release(conversation)
+
+    def _new_log(self, turn_id: str) -> TurnLog:
+        return self.coordinator.new_log(turn_id) if self.coordinator else InProcessTurnLog(turn_id)
+
+    def live(self, conversation_id: str) -> Conversation | None:
+        """The conversation if it is in memory now."""
+        return self._live.get(conversation_id)
+
     @property
     def conversations(self) -> list[Conversation]:
         """The conversations in memory now."""
@@ -164,7 +208,7 @@ class Hub:
     def create(self, owner: str, model: str, system_prompt: str) -> Conversation:
         """A new conversation, in memory until `ensure_stored`."""
         record = ConversationRecord(model=model, system_prompt=system_prompt, owner=owner)
-        conversation = Conversation(record, [], stored=False)
+        conversation = Conversation(record, [], stored=False, new_log=self._new_log)
         self._live[conversation.id] = conversation
         self._let_go_of_old_unstored()
         return conversation
@@ -209,7 +253,9 @@ class Hub:
                 # Not live here, so no turn is writing it: whatever cut it short, it was interrupted.
                 if message.status == "streaming":
                     message.status = "interrupted"
-            conversation = Conversation(record, history)
+            conversation = Conversation(record, history, new_log=self._new_log)
+            if self.coordinator is not None:
+                await self.coordinator.adopt(conversation)  # its turn may run on another replica
             self._live[conversation_id] = conversation
             return conversation
         finally:

@@ -151,6 +151,12 @@ class Job:
     retry: bool = True
 
 
+def _refused(error: Exception) -> StorageError:
+    refusal = StorageError(f"The database could not save this ({error}).")
+    refusal.__cause__ = error
+    return refusal
+
+
 class SqliteStore:
     """The store in one SQLite file: the default, for one process."""
 
@@ -161,10 +167,13 @@ class SqliteStore:
         # Writes the database refused for a reason that may pass, in order; retried before new ones.
         self._unwritten: list[Job] = []
         self.failure: str | None = None  # why the last write failed, while writes fail
+        # Told (on the event loop) of a conversation whose kept writes have all landed.
+        self.on_written: Callable[[str], None] | None = None
 
     async def open(self, sweep_streaming: bool = True) -> int:
         """Bring the schema up to date, start the writer, and (with `sweep_streaming`: no other process
         can be writing one) mark replies a crash cut short as interrupted; return how many."""
+        self._loop = asyncio.get_running_loop()
         return await asyncio.to_thread(self._open, sweep_streaming)
 
     def _open(self, sweep_streaming: bool) -> int:
@@ -218,40 +227,77 @@ class SqliteStore:
             self._write_batch(batch)
 
     def _write_batch(self, batch: list[Job]) -> None:
-        jobs, self._unwritten = [*self._unwritten, *batch], []
+        # The kept writes go first. `_unwritten` stays as it is until this attempt ends: the hub asks it.
+        jobs = [*self._unwritten, *batch]
+        try:
+            results = self._in_one_transaction(jobs)
+        except sqlite3.OperationalError:
+            results = self._one_by_one(jobs)  # the database refused the group: see which ones it takes
+        kept = [job for job, _, error in results if isinstance(error, StorageError) and job.retry]
+        refused = [str(error.__cause__) for _, _, error in results if isinstance(error, StorageError)]
+        self.failure = refused[0] if refused else None
+        if refused:
+            logger.error("database writes failed (%d kept to write again): %s", len(kept), self.failure)
+        waiting = {job.conversation_id for job in self._unwritten}
+        self._unwritten = kept[-MAX_UNWRITTEN:]
+        for job, result, error in results:
+            self._settle(job, result, error)
+        for conversation_id in waiting - {job.conversation_id for job in self._unwritten}:
+            if conversation_id is not None and self.on_written is not None:
+                self._loop.call_soon_threadsafe(self.on_written, conversation_id)
+
+    def _in_one_transaction(self, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
+        """Group commit: one transaction, a savepoint per job, so that a job that fails on its own (a
+        constraint) fails alone. A refusal of the database itself (full, locked, I/O) fails them all."""
         db = self._connection
         results: list[tuple[Job, Any, Exception | None]] = []
+        db.execute("BEGIN")
         try:
-            db.execute("BEGIN")
             for job in jobs:
                 db.execute("SAVEPOINT job")
                 try:
                     results.append((job, job.work(db), None))
                     db.execute("RELEASE job")
+                except sqlite3.OperationalError:
+                    raise
                 except Exception as error:
-                    if not db.in_transaction:
-                        raise  # SQLite rolled the whole transaction back (a full disk does)
                     db.execute("ROLLBACK TO job")
                     db.execute("RELEASE job")
                     logger.error("database write failed: %s", error)
                     results.append((job, None, error))
             db.commit()
-        except Exception as error:
+        except BaseException:
             if db.in_transaction:
-                db.rollback()
-            # Nothing of the batch was written: every job failed with the database, not on its own.
-            self.failure = str(error)
-            self._unwritten = [job for job in jobs if job.retry][-MAX_UNWRITTEN:]
-            logger.error("database writes failed (%d kept to write again): %s", len(self._unwritten), error)
-            for job in jobs:
-                self._settle(job, None, StorageError(f"The database could not save this ({error})."))
-            return
-        self.failure = None
-        for job, result, error in results:
-            if isinstance(error, sqlite3.OperationalError) and job.retry:
-                self._unwritten.append(job)  # locked, or out of space for this one write
-                self.failure = str(error)
-            self._settle(job, result, error)
+                db.rollback()  # SQLite may have rolled it back already (a full disk does)
+            raise
+        return results
+
+    def _one_by_one(self, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
+        """Each job in its own transaction, in order. A refused job holds up the later jobs of its own
+        conversation only (they stay behind it, in order): one write too big for the space left does
+        not stop every other conversation's."""
+        db = self._connection
+        results: list[tuple[Job, Any, Exception | None]] = []
+        held: set[str] = set()
+        for job in jobs:
+            if job.conversation_id in held:
+                results.append((job, None, _refused(sqlite3.OperationalError("an earlier write waits"))))
+                continue
+            try:
+                db.execute("BEGIN")
+                result = job.work(db)
+                db.commit()
+                results.append((job, result, None))
+            except Exception as error:
+                if db.in_transaction:
+                    db.rollback()
+                if not isinstance(error, sqlite3.OperationalError):
+                    results.append((job, None, error))
+                    continue
+                if job.conversation_id is not None:
+                    held.add(job.conversation_id)
+                results.append((job, None, _refused(error)))
+        return results
 
     @staticmethod
     def _settle(job: Job, result: Any, error: Exception | None) -> None:
@@ -366,6 +412,13 @@ class SqliteStore:
     async def save_messages(self, conversation_id: str, messages: list[Message]) -> None:
         """Insert or update these messages, in order, in one transaction."""
         await self._write(self._upsert(conversation_id, messages), conversation_id)
+
+    async def save_interrupted(self, conversation_id: str, message: Message) -> None:
+        """Store a reply whose replica died as interrupted, unless its replica stored it since."""
+        row = (message.content, message.reasoning, message.error, message.id)
+        query = "UPDATE messages SET content = ?, reasoning = ?, status = 'interrupted', error = ?"
+        query += " WHERE id = ? AND status = 'streaming'"
+        await self._write(lambda db: db.execute(query, row), conversation_id)
 
     def checkpoint(self, conversation_id: str, message: Message) -> None:
         """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""

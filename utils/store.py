@@ -7,6 +7,7 @@ after them), commit them in groups, and keep a write the database refuses until 
 """
 
 import asyncio
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from utils.messages import ConversationRecord, Message
@@ -15,6 +16,8 @@ from utils.settings import Settings
 
 class Store(Protocol):
     failure: str | None  # why writes fail now (None: they do not)
+    # Called on the event loop with a conversation whose kept writes have all landed at last.
+    on_written: Callable[[str], None] | None
 
     async def open(self, sweep_streaming: bool = True) -> int:
         """Migrate, start the writer; with `sweep_streaming`, mark replies left streaming as interrupted."""
@@ -41,6 +44,9 @@ class Store(Protocol):
     async def save_messages(self, conversation_id: str, messages: list[Message]) -> None: ...
 
     def checkpoint(self, conversation_id: str, message: Message) -> None: ...
+
+    async def save_interrupted(self, conversation_id: str, message: Message) -> None:
+        """Store a reply whose replica died (its text, status interrupted), unless it was stored since."""
 
     async def secret(self, name: str, make: Any) -> str: ...
 
