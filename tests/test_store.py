@@ -17,6 +17,7 @@ import asyncpg
 import pytest
 
 from tests.services import database_name, postgres_admin
+from utils import pg_store
 from utils.messages import ConversationRecord, Message
 from utils.pg_store import MIGRATIONS, PostgresStore
 from utils.protocol import StorageError
@@ -296,14 +297,21 @@ def with_password(url: str, password: str) -> str:
     return urlunsplit(parts._replace(netloc=f"{user}:{password}@{parts.hostname}:{parts.port or 5432}"))
 
 
-async def refuse_connections(url: str, refuse: bool) -> None:
-    """Make the database refuse new connections and end the open ones (as a server going down does),
-    or take connections again."""
+async def refuse_writes(url: str, how: str, refuse: bool) -> None:
+    """Make the database refuse the store's writes, as it may for a while, or take them again: by refusing
+    connections (a server going down: the writer's connection is ended and cannot be made again), or by
+    turning read-only (a failover to a standby: every write statement fails on a live connection)."""
     name = database_name(url)
+    change = {
+        ("connections", True): f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false',
+        ("connections", False): f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true',
+        ("read-only", True): f'ALTER DATABASE "{name}" SET default_transaction_read_only = on',
+        ("read-only", False): f'ALTER DATABASE "{name}" RESET default_transaction_read_only',
+    }[how, refuse]
     admin = await postgres_admin()
     try:
-        await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS {"false" if refuse else "true"}')
-        if refuse:
+        await admin.execute(change)
+        if refuse:  # connections made before the change are ended: the writer has to make a new one
             ended = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1"
             await admin.execute(ended, name)
     finally:
@@ -363,7 +371,8 @@ def test_a_lost_writer_connection_is_replaced_without_a_failed_write(fresh_postg
     assert asyncio.run(scenario()) == (None, ["after"])
 
 
-def test_writes_the_database_refuses_fail_are_kept_and_land_in_order_once_it_recovers(fresh_postgres_url, caplog):
+@pytest.mark.parametrize("how", ["connections", "read-only"])
+def test_writes_the_database_refuses_fail_are_kept_and_land_in_order_once_it_recovers(fresh_postgres_url, how, caplog):
     password = urlsplit(fresh_postgres_url).password or "not-to-be-logged-3f9a"
     url = with_password(fresh_postgres_url, password)
 
@@ -372,14 +381,15 @@ def test_writes_the_database_refuses_fail_are_kept_and_land_in_order_once_it_rec
         await db.open()
         record = ConversationRecord(model="m", system_prompt="")
         await db.create_conversation(record)
-        await refuse_connections(url, True)
+        await refuse_writes(url, how, True)
+        await asyncio.sleep(0.1)  # the client hears of its ended connections
         with pytest.raises(StorageError) as refused:
             await db.save_messages(record.id, [Message(role="user", content="one")])
         failing = (db.failure, db.unwritten(record.id))
         db.checkpoint(record.id, Message(role="assistant", content="two"))  # queued behind, fails as well
         with pytest.raises(StorageError):
             await db.delete_conversation(record.id)  # never written again: the caller said it failed
-        await refuse_connections(url, False)
+        await refuse_writes(url, how, False)
         await until(lambda: not db.unwritten(record.id))  # the writer retries by itself every 2 s
         _, messages = await db.load(record.id)
         recovered = db.failure
@@ -388,7 +398,9 @@ def test_writes_the_database_refuses_fail_are_kept_and_land_in_order_once_it_rec
 
     with caplog.at_level(logging.INFO):
         refused, (failure, kept), recovered, stored = asyncio.run(scenario())
-    assert refused.startswith("The database could not save this") and failure and kept
+    assert refused.startswith("The database could not save this") and kept
+    # PostgreSQL's own words: at connect, or (read-only) from a write statement on a live connection.
+    assert {"connections": "not currently accepting connections", "read-only": "read-only transaction"}[how] in failure
     assert recovered is None
     assert stored == ["one", "two"]  # in the order queued; the refused delete did not happen later
     assert "database writes failed" in caplog.text
@@ -401,7 +413,7 @@ def test_shutdown_completes_while_the_database_refuses_and_reports_what_is_lost(
         await db.open()
         record = ConversationRecord(model="m", system_prompt="")
         await db.create_conversation(record)
-        await refuse_connections(fresh_postgres_url, True)
+        await refuse_writes(fresh_postgres_url, "connections", True)
         with pytest.raises(StorageError):
             await db.save_messages(record.id, [Message(role="user", content="lost")])
         db.checkpoint(record.id, Message(role="assistant", content="lost too"))
@@ -412,4 +424,71 @@ def test_shutdown_completes_while_the_database_refuses_and_reports_what_is_lost(
     with caplog.at_level(logging.ERROR):
         took = asyncio.run(scenario())
     assert took < 10
+    assert "2 writes could not be saved before shutdown" in caplog.text
+
+
+class FreezingRelay:
+    """A TCP relay to the PostgreSQL server that can stop passing bytes on, both ways, without closing
+    anything: a server that hangs, or a network that drops every packet. Nothing is refused: every wait
+    on it lasts until the client's own timeout."""
+
+    def __init__(self, url: str) -> None:
+        parts = urlsplit(url)
+        self.upstream = (parts.hostname, parts.port or 5432)
+        self.flowing = asyncio.Event()
+        self.flowing.set()
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self, url: str) -> str:
+        """Listen; the URL that reaches the server through the relay."""
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        port = self._server.sockets[0].getsockname()[1]
+        parts = urlsplit(url)
+        user = parts.netloc.rpartition("@")[0]
+        return urlunsplit(parts._replace(netloc=f"{user}@127.0.0.1:{port}" if user else f"127.0.0.1:{port}"))
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection(*self.upstream)
+        self._writers += [writer, upstream_writer]
+        await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            await self.flowing.wait()
+            writer.write(data)
+
+    def close(self) -> None:
+        self._server.close()
+        for writer in self._writers:
+            writer.close()
+
+
+def test_shutdown_is_bounded_when_the_server_stops_answering(fresh_postgres_url, monkeypatch, caplog):
+    # Short timeouts, so that the test lasts seconds; the app's own are longer, and the bound with them.
+    monkeypatch.setattr(pg_store, "CONNECT_TIMEOUT", 0.5)
+    monkeypatch.setattr(pg_store, "COMMAND_TIMEOUT", 0.5)
+    monkeypatch.setattr(pg_store, "CLOSE_TIMEOUT", 3.0)
+
+    async def scenario():
+        relay = FreezingRelay(fresh_postgres_url)
+        db = PostgresStore(await relay.start(fresh_postgres_url))
+        await db.open()
+        record = ConversationRecord(model="m", system_prompt="")
+        await db.create_conversation(record)
+        relay.flowing.clear()
+        started = time.monotonic()
+        with pytest.raises(StorageError):
+            await db.save_messages(record.id, [Message(role="user", content="never answered")])
+        refused_after = time.monotonic() - started
+        db.checkpoint(record.id, Message(role="assistant", content="never sent"))
+        started = time.monotonic()
+        await db.close()
+        closed_after = time.monotonic() - started
+        relay.close()
+        return db.failure, refused_after, closed_after
+
+    with caplog.at_level(logging.ERROR):
+        failure, refused_after, closed_after = asyncio.run(scenario())
+    assert failure == "TimeoutError"
+    assert refused_after < 2 and closed_after < 3
     assert "2 writes could not be saved before shutdown" in caplog.text
