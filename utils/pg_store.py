@@ -205,6 +205,7 @@ class PostgresStore:
         # Writes the database refused for a reason that may pass, in order; retried before new ones.
         self._unwritten: list[Job] = []
         self._batch: list[Job] = []  # the jobs being written now
+        self._retrying: list[Job] = []  # those of them that were unwritten: they still are until it commits
         self._connection: asyncpg.Connection | None = None  # the writer's, and only the writer's
         self._pool: asyncpg.Pool | None = None  # for reads
         self._writer: asyncio.Task[None] | None = None
@@ -291,7 +292,7 @@ class PostgresStore:
 
     def unwritten(self, conversation_id: str) -> bool:
         """Whether writes of this conversation wait for the database to recover."""
-        return any(job.conversation_id == conversation_id for job in self._unwritten)
+        return any(job.conversation_id == conversation_id for job in [*self._retrying, *self._unwritten])
 
     async def _write_loop(self) -> None:
         while True:
@@ -333,7 +334,7 @@ class PostgresStore:
                 logger.error("%d writes could not be saved before shutdown", len(self._unwritten))
 
     async def _write_batch(self, batch: list[Job]) -> None:
-        jobs, self._unwritten = [*self._unwritten, *batch], []
+        jobs, self._retrying, self._unwritten = [*self._unwritten, *batch], self._unwritten, []
         self._batch = jobs  # for close() to account for, should it have to give up on the writer
         try:
             results = await self._commit(jobs)
@@ -342,7 +343,7 @@ class PostgresStore:
             self._refused(jobs, str(error) or type(error).__name__)
             return
         finally:
-            self._batch = []
+            self._batch, self._retrying = [], []
         self.failure = None
         for job, result, error in results:
             self._settle(job, result, error)
