@@ -97,9 +97,11 @@ def postgres_server() -> str:
     try:
         asyncio.run(probe())
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as error:
-        where = describe(POSTGRES_ADMIN_URL)
-        unavailable(f"PostgreSQL at {where} cannot be reached ({error}); POCKETCHAT_TEST_POSTGRES names another")
-    return POSTGRES_ADMIN_URL
+        problem = f"PostgreSQL at {describe(POSTGRES_ADMIN_URL)} cannot be reached ({error})"
+    else:
+        return POSTGRES_ADMIN_URL
+    # Outside the except block: the reason alone is shown, not the connection error's traceback.
+    unavailable(f"{problem}; POCKETCHAT_TEST_POSTGRES names another server")
 
 
 @pytest.fixture(scope="session")
