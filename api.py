@@ -43,16 +43,17 @@ async def livez() -> dict[str, str]:
 
 @router.get("/healthz")
 async def healthz(request: Request) -> JSONResponse:
-    """200 while the app can serve; 503 while the database refuses writes (they are kept meanwhile)."""
+    """Ready: 200 while the app can serve; 503 while the database refuses writes (they are kept
+    meanwhile) or, with replicas, Redis cannot be reached."""
     state = chat_state(request.app)
-    failure = state.store.failure
-    body = {
-        "status": "ok" if failure is None else "failing",
-        "store": "ok" if failure is None else f"failing: {failure}",
-        "provider": state.provider.kind,
-        "running_turns": len(state.hub.running_turns),
-    }
-    return JSONResponse(body, status_code=200 if failure is None else 503)
+    parts = {"store": state.store.failure}
+    if state.settings.clustered:
+        parts["redis"] = state.coordinator.failure
+    body: dict[str, Any] = {name: "ok" if failure is None else f"failing: {failure}" for name, failure in parts.items()}
+    ready = all(failure is None for failure in parts.values())
+    body = {"status": "ok" if ready else "failing", **body}
+    body |= {"provider": state.provider.kind, "running_turns": len(state.hub.running_turns)}
+    return JSONResponse(body, status_code=200 if ready else 503)
 
 
 @router.get("/api/models")

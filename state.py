@@ -8,6 +8,7 @@ from typing import Protocol
 from fastapi import FastAPI
 
 from auth import SignIn
+from cluster import Cluster, SingleProcess
 from utils import protocol
 from utils.conversations import Conversation, Hub
 from utils.limits import Limits
@@ -31,6 +32,10 @@ class AppState:
         self.store = store
         self.provider = provider
         self.hub = Hub(store)
+        self.coordinator: SingleProcess | Cluster = SingleProcess()
+        if settings.redis_url is not None:
+            self.coordinator = Cluster(settings.redis_url.get_secret_value(), settings.redis_prefix, self.hub, store)
+            self.hub.coordinator = self.coordinator
         self.limits = Limits(settings)
         self.sign_in = SignIn(settings, store, self.limits)
         self.default_model = settings.model
@@ -39,6 +44,7 @@ class AppState:
         self._session_watch: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        await self.coordinator.start()
         await self.sign_in.start()
         self._session_watch = asyncio.create_task(self._close_sockets_of_dead_sessions())
 
@@ -118,6 +124,7 @@ class AppState:
             turn.stop.set()
         await asyncio.gather(*(t.task for t in turns if t.task is not None), return_exceptions=True)
         await self.provider.aclose()
+        await self.coordinator.aclose()
         await self.store.close()
 
 

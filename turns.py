@@ -3,12 +3,13 @@
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from flow import create_chat_flow
 from state import AppState
 from utils import protocol
-from utils.conversations import Conversation, Turn
+from utils.conversations import Conversation, Turn, TurnIds
 from utils.protocol import ProtocolError
 from utils.store import Store
 
@@ -16,11 +17,20 @@ logger = logging.getLogger("pocketchat")
 CHECKPOINT_SECONDS = 2.0
 
 
-def start_turn(state: AppState, conversation: Conversation, turn: Turn) -> None:
-    turn.task = asyncio.create_task(run_turn(state, conversation, turn))
+async def begin_turn(state: AppState, conversation: Conversation, begin: Callable[[TurnIds], Turn], user: str) -> None:
+    """Claim a turn (with replicas, cluster-wide), begin it in the conversation, and run it."""
+    ids = TurnIds()
+    lease = await state.coordinator.claim(conversation, ids.turn, ids.reply)
+    try:
+        turn = begin(ids)
+    except BaseException:
+        state.coordinator.release_claim(conversation, lease)
+        raise
+    state.limits.count_message(user)
+    turn.task = asyncio.create_task(run_turn(state, conversation, turn, lease))
 
 
-async def run_turn(state: AppState, conversation: Conversation, turn: Turn) -> None:
+async def run_turn(state: AppState, conversation: Conversation, turn: Turn, lease: str = "") -> None:
     """Run the flow for one turn, then close its log with `turn_end`, whatever happened."""
     settings = state.settings
     shared: dict[str, Any] = {
@@ -38,16 +48,20 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn) -> N
     opened = state.hub.open_turn(conversation, turn)
     checkpoints = asyncio.create_task(checkpoint_reply(state.store, conversation.id, turn))
     try:
+        await state.coordinator.started(conversation, turn, lease)
         await create_chat_flow(settings.retries, settings.retry_wait).run_async(shared)
+        if turn.failure is not None:
+            await fail_turn(state, conversation, turn, turn.failure)
     except Exception:
         logger.exception("turn %s failed", turn.id)
-        await fail_turn(state, conversation, turn)
+        await fail_turn(state, conversation, turn, "PocketChat failed while writing this reply; see the server log.")
     finally:
         checkpoints.cancel()
         await asyncio.gather(opened, return_exceptions=True)  # a failed write is logged by the store
         reply = turn.reply
         stats = {k: reply.meta.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
         turn.log.append(protocol.turn_end(turn.id, reply.status, reply.id, stats))
+        await state.coordinator.finished(conversation, turn)
         conversation.end(turn)
         state.limits.running.remove(conversation.record.owner)
         state.hub.release(conversation)
@@ -63,10 +77,10 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn) -> N
         )
 
 
-async def fail_turn(state: AppState, conversation: Conversation, turn: Turn) -> None:
-    """Record a turn a bug cut short, keeping what streamed, and tell the client."""
+async def fail_turn(state: AppState, conversation: Conversation, turn: Turn, why: str) -> None:
+    """Record a turn cut short (by a bug, or Redis lost), keeping what streamed, and tell the client."""
     turn.reply_so_far()
-    turn.reply.status, turn.reply.error = "error", "PocketChat failed while writing this reply; see the server log."
+    turn.reply.status, turn.reply.error = "error", why
     if not any(message is turn.reply for message in conversation.history):
         conversation.history.append(turn.reply)
     turn.log.append(protocol.error(ProtocolError(turn.reply.error, turn.id)))

@@ -50,11 +50,13 @@ def sign_in(app: AppProcess, token: str = TOKEN) -> tuple[Answer, str]:
 
 def close_code(app: AppProcess, **headers: str) -> int:
     """Open /ws with these headers, say hello, and return the code it is closed with."""
-    with connect(app.ws_url, additional_headers=headers, open_timeout=10) as ws:
-        with pytest.raises(ConnectionClosed) as closed:
-            ws.send('{"type": "hello"}')  # the server may have closed it already
-            while True:
-                ws.recv(10)
+    with (
+        connect(app.ws_url, additional_headers=headers, open_timeout=10) as ws,
+        pytest.raises(ConnectionClosed) as closed,
+    ):
+        ws.send('{"type": "hello"}')  # the server may have closed it already
+        while True:
+            ws.recv(10)
     return closed.value.rcvd.code
 
 

@@ -51,6 +51,7 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "database_url": ("postgresql://one.invalid/db", "postgresql://two.invalid/db"),
     "redis_url": ("redis://one.invalid:6379/0", "redis://two.invalid:6379/0"),
     "drain_timeout": ("5", "6"),
+    "redis_prefix": ("one:", "two:"),
 }
 SETTINGS = list(Settings.model_fields)
 DOCUMENTED_OPENAI = {"base_url": "OPENAI_BASE_URL", "api_key": "OPENAI_API_KEY"}

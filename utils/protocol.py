@@ -74,6 +74,12 @@ class RateLimited(ProtocolError):
         self.retry_after = max(1, math.ceil(retry_after))  # whole seconds, as HTTP's Retry-After
 
 
+class Unavailable(ProtocolError):
+    """A service PocketChat needs (Redis, with replicas) cannot be reached; trying again later may work."""
+
+    code = "unavailable"
+
+
 class StorageError(ProtocolError):
     """The database failed to write; what it could not write is kept in memory and written again."""
 

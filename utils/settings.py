@@ -78,6 +78,11 @@ class Settings(BaseSettings):
         description="A redis:// URL: turn logs and events between replicas go through Redis, so that any "
         "replica serves any conversation. Needs --database-url. Unset: one process. Never logged.",
     )
+    redis_prefix: str = Field(
+        "pocketchat:",
+        min_length=1,
+        description="Prefix of every Redis key, so that several deployments (or test runs) share one Redis.",
+    )
     drain_timeout: float = Field(
         30.0,
         ge=0,

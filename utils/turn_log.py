@@ -6,13 +6,15 @@ chunk 12 is `(12, 1)`, `turn_end` comes last. A socket follows the log *after a 
 that started the turn after 0 (everything), a socket that arrives mid-turn after the seq of the
 snapshot it got in `ready`. Each frame is encoded once, whatever the number of sockets.
 
-`InProcessTurnLog` keeps the log in memory. A shared one can serve several replicas behind the same
-interface: a Redis stream per turn, named by the turn id, whose entry ids are these keys
-(`XADD turn:<id> <k>-<n>`, `XREAD ... turn:<id> <seq>-0`).
+`InProcessTurnLog` keeps the log in memory. With replicas (`utils/redis_log.py`), the replica that
+runs a turn also copies each entry to a Redis stream named by the turn id, whose entry ids are these
+keys (`XADD turn:<id> <k>-<n>`); every other replica that has sockets on the conversation mirrors
+that stream into an `InProcessTurnLog` of its own (`add_entry`), which its sockets follow.
 """
 
 import asyncio
 import bisect
+import json
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
@@ -32,6 +34,27 @@ class TurnLog(Protocol):
     def append_chunk(self, content: str, reasoning: str | None = None) -> int:
         """Add the next chunk and return its seq."""
 
+    def add_entry(self, key: tuple[int, int], text: str) -> None:
+        """Mirror an entry another replica appended (keys arrive in order)."""
+        if self._keys and key <= self._keys[-1]:
+            return  # read twice (a reader that reconnected): already here
+        if key[1] == 0:
+            frame = json.loads(text)
+            self._seq = key[0]
+            self._content.append(frame["content"])
+            if frame.get("reasoning"):
+                self._reasoning.append(frame["reasoning"])
+        self._since_chunk = key[1]
+        self._push(key, text)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def last_key(self) -> tuple[int, int]:
+        return self._keys[-1] if self._keys else (0, 0)
+
     def snapshot(self) -> dict[str, Any]:
         """The reply so far: {turn_id, seq, content, reasoning}."""
 
@@ -40,6 +63,12 @@ class TurnLog(Protocol):
 
     def close(self) -> None:
         """No more entries; followers stop after the last one."""
+
+
+def parse_key(entry_id: str) -> tuple[int, int]:
+    """A Redis stream entry id `k-n` as the log's key (k, n)."""
+    k, _, n = entry_id.partition("-")
+    return int(k), int(n)
 
 
 class InProcessTurnLog:
@@ -77,6 +106,27 @@ class InProcessTurnLog:
             self._reasoning.append(reasoning)
         self._push((self._seq, 0), protocol.encode(protocol.chunk(self.turn_id, self._seq, content, reasoning)))
         return self._seq
+
+    def add_entry(self, key: tuple[int, int], text: str) -> None:
+        """Mirror an entry another replica appended (keys arrive in order)."""
+        if self._keys and key <= self._keys[-1]:
+            return  # read twice (a reader that reconnected): already here
+        if key[1] == 0:
+            frame = json.loads(text)
+            self._seq = key[0]
+            self._content.append(frame["content"])
+            if frame.get("reasoning"):
+                self._reasoning.append(frame["reasoning"])
+        self._since_chunk = key[1]
+        self._push(key, text)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def last_key(self) -> tuple[int, int]:
+        return self._keys[-1] if self._keys else (0, 0)
 
     def snapshot(self) -> dict[str, Any]:
         return {

@@ -1,0 +1,402 @@
+"""Replicas: what lets any replica serve any conversation (`--redis-url`; the store is PostgreSQL then).
+
+A turn runs on the replica whose socket started it: the producer. Its frames go to its own sockets
+at once, and to the turn's Redis stream once per event-loop tick. Every other replica with sockets on
+that conversation mirrors the stream into a local log, which its sockets follow exactly as they
+follow a local turn: the same bytes, the same seqs, and a reconnect to any replica resumes.
+
+    socket on A --message--> A claims the lease, runs the flow --chunk--> A's log --> A's sockets
+        A's log --once per tick--> turn:<id> --XREAD--> B's mirror --> B's sockets
+    socket on B --message--> B claims the lease? taken --> error turn_in_progress
+    socket on B --stop--> events --XREAD--> A stops the turn
+    A dies --> its lease expires --> B's watchdog ends the turn `interrupted` and stores the reply
+
+One multiplexed reader per replica (`XREAD BLOCK` over the events stream and every mirrored turn)
+feeds everything; `SingleProcess` is the same interface for one process, where it all stays local.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from utils import protocol
+from utils.conversations import Conversation, Hub, Turn
+from utils.messages import Message, new_id
+from utils.protocol import TurnInProgress, Unavailable
+from utils.redis_log import RENEW_SECONDS, Fenced, ProducedLog, RedisLink
+from utils.store import Store
+from utils.turn_log import InProcessTurnLog, TurnLog, parse_key
+
+logger = logging.getLogger("pocketchat")
+
+WATCH_SECONDS = 0.5  # how often leases of turns running elsewhere are checked
+READ_BLOCK_MS = 100  # a newly mirrored stream joins the next read within this
+LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
+TAKEN_OVER = "The replica writing this reply stopped; the reply so far is kept."
+
+
+class SingleProcess:
+    """One process: every turn is local, and there is nobody to tell anything."""
+
+    failure: str | None = None
+
+    def new_log(self, turn_id: str) -> TurnLog:
+        return InProcessTurnLog(turn_id)
+
+    async def claim(self, conversation: Conversation, turn_id: str, reply_id: str) -> str:
+        return ""  # the conversation itself refuses a second turn
+
+    def release_claim(self, conversation: Conversation, lease: str) -> None:
+        return None
+
+    async def started(self, conversation: Conversation, turn: Turn, lease: str) -> None:
+        return None
+
+    async def finished(self, conversation: Conversation, turn: Turn) -> None:
+        return None
+
+    def stop(self, turn: Turn) -> None:
+        turn.stop.set()
+
+    async def adopt(self, conversation: Conversation) -> None:
+        return None
+
+    def changed(self, conversation: Conversation) -> None:
+        return None
+
+    def deleted(self, conversation_id: str) -> None:
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None
+
+
+class Mirror:
+    """A turn that runs on another replica, followed here."""
+
+    def __init__(self, conversation: Conversation, turn: Turn) -> None:
+        self.conversation = conversation
+        self.turn = turn
+        self.last_id = "0-0"
+        self.error: str | None = None
+
+
+class Cluster:
+    def __init__(self, url: str, prefix: str, hub: Hub, store: Store) -> None:
+        self.link = RedisLink(url, prefix, replica=new_id()[:12])
+        self.hub = hub
+        self.store = store
+        self.failure: str | None = None  # why Redis cannot be reached now
+        self._produced: dict[str, tuple[Turn, asyncio.Task[None]]] = {}  # turn id: (turn, its lease renewal)
+        self._mirrors: dict[str, Mirror] = {}
+        self._elsewhere: dict[str, tuple[str, str]] = {}  # turns running anywhere else: (conversation, reply)
+        self._events_from = "0-0"
+        self._tasks: list[asyncio.Task[None]] = []
+        self._pending: set[asyncio.Task[None]] = set()
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+
+    def _background(self, work: Coroutine[Any, Any, None]) -> None:
+        """Run `work` without waiting for it; kept referenced until done (the loop holds tasks weakly)."""
+        task = asyncio.create_task(work)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def start(self) -> None:
+        try:
+            self._events_from = await self.link.last_event_id()
+            await self._find_running_turns()
+        except (RedisError, OSError) as error:
+            self.failure = str(error)  # ready says so; the reader keeps trying
+            logger.warning("Redis is unreachable at start-up: %s", error)
+        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
+
+    async def _find_running_turns(self) -> None:
+        """Turns that started before this replica did: their leases say where they run."""
+        lease_prefix = self.link.lease("")
+        async for key in self.link.client.scan_iter(match=lease_prefix + "*", count=500):
+            holder = await self.link.client.get(key)
+            if holder is not None:
+                turn_id, reply_id, _ = holder.decode().split(" ", 2)
+                self._elsewhere[turn_id] = (key.decode().removeprefix(lease_prefix), reply_id)
+
+    async def aclose(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.link.aclose()
+
+    # ---- turns that run here -------------------------------------------------------------------
+
+    def new_log(self, turn_id: str) -> TurnLog:
+        return ProducedLog(turn_id, self.link, lambda error: self._lost(turn_id, error))
+
+    async def claim(self, conversation: Conversation, turn_id: str, reply_id: str) -> str:
+        """Take the conversation's lease for a new turn: the one arbiter of a running turn, cluster-wide."""
+        lease = f"{turn_id} {reply_id} {self.link.replica}"
+        try:
+            taken = await self.link.claim(conversation.id, lease)
+        except (RedisError, OSError) as error:
+            raise Unavailable(
+                f"PocketChat cannot start a reply now: Redis, which links its replicas, is unreachable ({error}). "
+                "Try again in a moment."
+            ) from None
+        if not taken:
+            raise TurnInProgress("A reply is still being written; stop it or wait for it to finish.")
+        return lease
+
+    def release_claim(self, conversation: Conversation, lease: str) -> None:
+        self._background(self._release(conversation.id, lease))
+
+    async def _release(self, conversation_id: str, lease: str) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self.link.renew(conversation_id, lease, 0)
+
+    async def started(self, conversation: Conversation, turn: Turn, lease: str) -> None:
+        log = turn.log
+        assert isinstance(log, ProducedLog)
+        log.conversation_id, log.lease = conversation.id, lease  # before the first copy, next tick
+        renewal = asyncio.create_task(self._renew(turn, conversation.id, lease))
+        self._produced[turn.id] = (turn, renewal)
+        event = {"kind": "turn", "conversation": conversation.id, "turn": turn.id, "reply": turn.reply.id}
+        try:
+            await self.link.publish(event)
+        except (RedisError, OSError) as error:
+            self._lost(turn.id, error)
+
+    async def _renew(self, turn: Turn, conversation_id: str, lease: str) -> None:
+        while True:
+            await asyncio.sleep(RENEW_SECONDS)
+            try:
+                if not await self.link.renew(conversation_id, lease):
+                    self._lost(turn.id, Fenced("its lease was taken"))
+                    return
+            except (RedisError, OSError) as error:
+                self._lost(turn.id, error)
+                return
+
+    def _lost(self, turn_id: str, error: Exception) -> None:
+        """Redis failed, or another replica ended this turn: stop it; run_turn records why."""
+        if (produced := self._produced.get(turn_id)) is None:
+            return
+        turn = produced[0]
+        if turn.failure is None:
+            logger.warning("turn %s lost Redis: %s", turn_id, error)
+            turn.failure = TAKEN_OVER if isinstance(error, Fenced) else LOST_REDIS.format(error)
+        turn.stop.set()
+
+    async def finished(self, conversation: Conversation, turn: Turn) -> None:
+        """The turn's `turn_end` is in its log: copy the rest to Redis, then let the lease go."""
+        _, renewal = self._produced.pop(turn.id, (None, None))
+        if renewal is not None:
+            renewal.cancel()
+        log = turn.log
+        assert isinstance(log, ProducedLog)
+        await log.flushed()
+        if log.failure is None:
+            try:
+                await self.link.renew(conversation.id, log.lease, 0)
+                await self.link.end_stream(turn.id)
+            except (RedisError, OSError) as error:
+                logger.warning("could not release turn %s: %s", turn.id, error)
+
+    def stop(self, turn: Turn) -> None:
+        if turn.id in self._produced:
+            turn.stop.set()
+        else:
+            conversation_id = self._mirrors[turn.id].conversation.id if turn.id in self._mirrors else ""
+            self._background(self._publish({"kind": "stop", "turn": turn.id, "conversation": conversation_id}))
+
+    # ---- conversation events -------------------------------------------------------------------
+
+    def changed(self, conversation: Conversation) -> None:
+        record = conversation.record
+        fields = {"title": record.title, "model": record.model, "system_prompt": record.system_prompt}
+        self._background(self._publish({"kind": "changed", "conversation": conversation.id, **fields}))
+
+    def deleted(self, conversation_id: str) -> None:
+        self._background(self._publish({"kind": "deleted", "conversation": conversation_id}))
+
+    async def _publish(self, event: dict[str, Any]) -> None:
+        try:
+            await self.link.publish(event)
+        except (RedisError, OSError) as error:
+            logger.warning("could not tell the other replicas (%s): %s", event["kind"], error)
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        if event.get("replica") == self.link.replica:
+            return
+        kind, conversation_id = event["kind"], event.get("conversation", "")
+        live = self.hub.live(conversation_id)
+        if kind == "turn":
+            self._elsewhere[event["turn"]] = (conversation_id, event["reply"])
+            if live is not None:
+                self._background(self._mirror(live, event["turn"], event["reply"]))
+        elif kind == "stop" and (produced := self._produced.get(event["turn"])) is not None:
+            produced[0].stop.set()
+        elif kind == "changed" and live is not None:
+            for name in ("title", "model", "system_prompt"):
+                setattr(live.record, name, event[name])
+            live.broadcast(protocol.conversation(live.record))
+        elif kind == "deleted" and live is not None:
+            live.broadcast(protocol.deleted(conversation_id))
+            for subscriber in list(live.subscribers):
+                subscriber.detach()
+            self.hub.forget(conversation_id)
+
+    # ---- turns that run elsewhere --------------------------------------------------------------
+
+    async def adopt(self, conversation: Conversation) -> None:
+        """A conversation just loaded: if its turn runs on another replica, follow it from here."""
+        try:
+            holder = await self.link.holder(conversation.id)
+        except (RedisError, OSError) as error:
+            logger.warning("could not ask Redis whether conversation %s… runs a turn: %s", conversation.id[:6], error)
+            return
+        if holder is not None and holder != "deleting":
+            turn_id, reply_id, _ = holder.split(" ", 2)
+            if turn_id not in self._produced:
+                await self._mirror(conversation, turn_id, reply_id)
+
+    async def _mirror(self, conversation: Conversation, turn_id: str, reply_id: str) -> None:
+        if turn_id in self._mirrors or conversation.turn is not None:
+            return
+        log = InProcessTurnLog(turn_id)
+        mirror = Mirror(conversation, Turn(Message("user", ""), Message("assistant", ""), log, [], id=turn_id))
+        self._mirrors[turn_id] = mirror  # claimed before the await: one mirror per turn
+        try:
+            entries = await self.link.entries(turn_id)
+        except (RedisError, OSError):
+            del self._mirrors[turn_id]
+            raise
+        if not entries:  # not copied yet: the reader brings turn_start soon
+            entries = []
+        mirror.turn.reply = Message("assistant", "", status="streaming", turn_id=turn_id, id=reply_id)
+        self._take(mirror, entries)
+
+    def _take(self, mirror: Mirror, entries: list[tuple[str, str]]) -> None:
+        """Entries read from a mirrored turn's stream: into its log, and into the conversation."""
+        for entry_id, text in entries:
+            key = parse_key(entry_id)
+            mirror.turn.log.add_entry(key, text)  # type: ignore[attr-defined]
+            mirror.last_id = entry_id
+            if key[1] != 0:
+                self._apply(mirror, json.loads(text))
+
+    def _apply(self, mirror: Mirror, frame: dict[str, Any]) -> None:
+        conversation, turn = mirror.conversation, mirror.turn
+        kind = frame["type"]
+        if kind == "turn_start":
+            # As a client does with turn_start: the message replaces its namesake and what follows.
+            turn.user_message = Message(**{k: frame["message"][k] for k in ("id", "role", "content", "status")})
+            turn.user_message.turn_id = turn.id
+            history = [m for m in conversation.history if m.turn_id != turn.id]
+            ids = [m.id for m in history]
+            if turn.user_message.id in ids:
+                history = history[: ids.index(turn.user_message.id)]
+            conversation.history = [*history, turn.user_message]
+            conversation.turn = turn
+            for subscriber in conversation.subscribers:
+                subscriber.follow(turn.log, 0)
+        elif kind == "conversation":
+            for name in ("title", "model", "system_prompt"):
+                setattr(conversation.record, name, frame[name])
+        elif kind == "error":
+            mirror.error = frame["message"]
+        elif kind == "turn_end":
+            self._end_mirror(mirror, frame)
+
+    def _end_mirror(self, mirror: Mirror, end: dict[str, Any]) -> None:
+        del self._mirrors[mirror.turn.id]
+        self._elsewhere.pop(mirror.turn.id, None)
+        conversation, turn = mirror.conversation, mirror.turn
+        snapshot = turn.log.snapshot()
+        reply = turn.reply
+        reply.content, reply.reasoning, reply.status = snapshot["content"], snapshot["reasoning"], end["status"]
+        reply.meta = {k: end.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
+        reply.error = mirror.error
+        if conversation.turn is turn:
+            conversation.history.append(reply)
+            conversation.end(turn)
+        else:
+            turn.log.close()
+        self.hub.release(conversation)
+
+    async def _read(self) -> None:
+        """The one reader of this replica: events and every mirrored turn, in one blocking XREAD."""
+        while True:
+            streams = {self.link.events: self._events_from}
+            streams.update({self.link.stream(turn_id): m.last_id for turn_id, m in self._mirrors.items()})
+            try:
+                found = await self.link.reader.xread(streams, count=1000, block=READ_BLOCK_MS)
+                self.failure = None
+            except (RedisError, OSError) as error:
+                if self.failure is None:
+                    logger.warning("lost Redis: %s", error)
+                self.failure = str(error)
+                await asyncio.sleep(1)
+                continue
+            for key, entries in found:
+                name = key.decode()
+                decoded = [(entry_id.decode(), fields) for entry_id, fields in entries]
+                if name == self.link.events:
+                    for entry_id, fields in decoded:
+                        self._events_from = entry_id
+                        self._on_event(json.loads(fields[b"e"]))
+                elif (mirror := self._mirrors.get(name.rpartition(":")[2])) is not None:
+                    self._take(mirror, [(entry_id, fields[b"f"].decode()) for entry_id, fields in decoded])
+
+    async def _watch(self) -> None:
+        """Notice turns whose producer died (its lease expired) and end them `interrupted`."""
+        while True:
+            await asyncio.sleep(WATCH_SECONDS)
+            turns = list(self._elsewhere.items())
+            if not turns:
+                continue
+            try:
+                async with self.link.client.pipeline(transaction=False) as pipe:
+                    for _, (conversation_id, _) in turns:
+                        pipe.get(self.link.lease(conversation_id))
+                    holders = await pipe.execute()
+                for (turn_id, (conversation_id, reply_id)), holder in zip(turns, holders, strict=True):
+                    if holder is None or not holder.decode().startswith(turn_id + " "):
+                        await self._end_abandoned(turn_id, conversation_id, reply_id)
+            except (RedisError, OSError) as error:
+                logger.warning("could not check the running turns: %s", error)
+
+    async def _end_abandoned(self, turn_id: str, conversation_id: str, reply_id: str) -> None:
+        """End a turn whose producer is gone, if nobody has (the script lets one replica only), and
+        store what it streamed, marked interrupted."""
+        self._elsewhere.pop(turn_id, None)
+        error = protocol.encode(protocol.error(protocol.ProtocolError(TAKEN_OVER, turn_id)))
+        end = protocol.encode(protocol.turn_end(turn_id, "interrupted", reply_id, {}))
+        if await self.link.take_over(turn_id, conversation_id, error, end) is None:
+            return  # it ended the usual way
+        logger.warning("turn %s was abandoned by its replica; ended it as interrupted", turn_id)
+        log = InProcessTurnLog(turn_id)
+        for entry_id, text in await self.link.entries(turn_id):
+            log.add_entry(parse_key(entry_id), text)
+        snapshot = log.snapshot()
+        reply = Message(
+            "assistant",
+            snapshot["content"],
+            status="interrupted",
+            turn_id=turn_id,
+            id=reply_id,
+            reasoning=snapshot["reasoning"],
+            error=TAKEN_OVER,
+        )
+        await self.store.save_interrupted(conversation_id, reply)
+
+    @property
+    def ready(self) -> bool:
+        return self.failure is None
+
