@@ -48,8 +48,13 @@ def store(request, tmp_path) -> Stores:
     return Stores("postgres", lambda: PostgresStore(url))
 
 
+def postgres(url: str) -> Stores:
+    return Stores("postgres", lambda: PostgresStore(url))
+
+
 @asynccontextmanager
 async def opened(stores: Stores, sweep_streaming: bool = True) -> AsyncIterator[Store]:
+    """A new store, open for the block, closed after it (closing again is harmless: a test may time it)."""
     db = stores()
     await db.open(sweep_streaming)
     try:
@@ -359,7 +364,7 @@ def test_replicas_opening_a_fresh_database_together_apply_the_schema_once(fresh_
 
 def test_a_lost_writer_connection_is_replaced_without_a_failed_write(fresh_postgres_url):
     async def scenario():
-        async with opened(Stores("postgres", lambda: PostgresStore(fresh_postgres_url))) as db:
+        async with opened(postgres(fresh_postgres_url)) as db:
             record = ConversationRecord(model="m", system_prompt="")
             await db.create_conversation(record)
             await end_the_writers_connection(fresh_postgres_url)  # a server restart, an idle timeout
@@ -377,24 +382,21 @@ def test_writes_the_database_refuses_fail_are_kept_and_land_in_order_once_it_rec
     url = with_password(fresh_postgres_url, password)
 
     async def scenario():
-        db = PostgresStore(url)
-        await db.open()
-        record = ConversationRecord(model="m", system_prompt="")
-        await db.create_conversation(record)
-        await refuse_writes(url, how, True)
-        await asyncio.sleep(0.1)  # the client hears of its ended connections
-        with pytest.raises(StorageError) as refused:
-            await db.save_messages(record.id, [Message(role="user", content="one")])
-        failing = (db.failure, db.unwritten(record.id))
-        db.checkpoint(record.id, Message(role="assistant", content="two"))  # queued behind, fails as well
-        with pytest.raises(StorageError):
-            await db.delete_conversation(record.id)  # never written again: the caller said it failed
-        await refuse_writes(url, how, False)
-        await until(lambda: not db.unwritten(record.id))  # the writer retries by itself every 2 s
-        _, messages = await db.load(record.id)
-        recovered = db.failure
-        await db.close()
-        return str(refused.value), failing, recovered, [m.content for m in messages]
+        async with opened(postgres(url)) as db:
+            record = ConversationRecord(model="m", system_prompt="")
+            await db.create_conversation(record)
+            await refuse_writes(url, how, True)
+            await asyncio.sleep(0.1)  # the client hears of its ended connections
+            with pytest.raises(StorageError) as refused:
+                await db.save_messages(record.id, [Message(role="user", content="one")])
+            failing = (db.failure, db.unwritten(record.id))
+            db.checkpoint(record.id, Message(role="assistant", content="two"))  # queued behind, fails as well
+            with pytest.raises(StorageError):
+                await db.delete_conversation(record.id)  # never written again: the caller said it failed
+            await refuse_writes(url, how, False)
+            await until(lambda: not db.unwritten(record.id))  # the writer retries by itself every 2 s
+            _, messages = await db.load(record.id)
+            return str(refused.value), failing, db.failure, [m.content for m in messages]
 
     with caplog.at_level(logging.INFO):
         refused, (failure, kept), recovered, stored = asyncio.run(scenario())
@@ -407,19 +409,69 @@ def test_writes_the_database_refuses_fail_are_kept_and_land_in_order_once_it_rec
     assert password not in caplog.text + refused + failure
 
 
+FULL_DISK_TRIGGER = """
+CREATE FUNCTION refuse_full() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.content LIKE 'FULL%' THEN
+        RAISE EXCEPTION 'could not extend file: No space left on device' USING ERRCODE = 'disk_full';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_full BEFORE INSERT OR UPDATE ON messages FOR EACH ROW EXECUTE FUNCTION refuse_full();
+"""
+
+
+def test_a_write_the_database_refuses_holds_up_only_its_own_conversation(fresh_postgres_url):
+    """As a write too big for the space left: the server refuses that one write (disk_full, SQLSTATE
+    53100, raised by a trigger for text that starts with FULL) and takes the others."""
+
+    async def scenario():
+        written: list[str] = []
+        async with opened(postgres(fresh_postgres_url)) as db:
+            db.on_written = written.append
+            a = ConversationRecord(model="m", system_prompt="")
+            b = ConversationRecord(model="m", system_prompt="")
+            await db.create_conversation(a)
+            await db.create_conversation(b)
+            owner = await asyncpg.connect(fresh_postgres_url)
+            await owner.execute(FULL_DISK_TRIGGER)
+            reply = Message(role="assistant", content="FULL half a rep", status="streaming")
+            db.checkpoint(a.id, reply)  # the turn's last checkpoint (its row is copied now)
+            reply.content, reply.status = "FULL half a reply, and the rest", "complete"
+            with pytest.raises(StorageError, match="an earlier write waits"):
+                await db.save_messages(a.id, [reply])  # held behind the refused checkpoint, in order
+            refused = db.failure
+            with pytest.raises(StorageError):
+                await db.save_messages(a.id, [Message(role="user", content="small, but after them")])
+            await db.save_messages(b.id, [Message(role="user", content="small")])  # b is not held up
+            while_full = (refused, db.unwritten(a.id), db.unwritten(b.id), written[:])
+            await owner.execute("DROP TRIGGER refuse_full ON messages")
+            await owner.close()
+            await until(lambda: not db.unwritten(a.id))
+            await asyncio.sleep(0)  # on_written is called soon after, on the event loop
+            loaded = [[(m.content, m.status) for m in (await db.load(c.id))[1]] for c in (a, b)]
+            return while_full, written, db.failure, loaded
+
+    while_full, written, failure, (a_messages, b_messages) = asyncio.run(scenario())
+    assert while_full == ("could not extend file: No space left on device", True, False, [])
+    assert len(written) == 1 and failure is None
+    # The kept checkpoint landed before the final save, never after it.
+    assert a_messages == [("FULL half a reply, and the rest", "complete"), ("small, but after them", "complete")]
+    assert b_messages == [("small", "complete")]
+
+
 def test_shutdown_completes_while_the_database_refuses_and_reports_what_is_lost(fresh_postgres_url, caplog):
     async def scenario():
-        db = PostgresStore(fresh_postgres_url)
-        await db.open()
-        record = ConversationRecord(model="m", system_prompt="")
-        await db.create_conversation(record)
-        await refuse_writes(fresh_postgres_url, "connections", True)
-        with pytest.raises(StorageError):
-            await db.save_messages(record.id, [Message(role="user", content="lost")])
-        db.checkpoint(record.id, Message(role="assistant", content="lost too"))
-        started = time.monotonic()
-        await db.close()
-        return time.monotonic() - started
+        async with opened(postgres(fresh_postgres_url)) as db:
+            record = ConversationRecord(model="m", system_prompt="")
+            await db.create_conversation(record)
+            await refuse_writes(fresh_postgres_url, "connections", True)
+            with pytest.raises(StorageError):
+                await db.save_messages(record.id, [Message(role="user", content="lost")])
+            db.checkpoint(record.id, Message(role="assistant", content="lost too"))
+            started = time.monotonic()
+            await db.close()
+            return time.monotonic() - started
 
     with caplog.at_level(logging.ERROR):
         took = asyncio.run(scenario())
@@ -471,21 +523,21 @@ def test_shutdown_is_bounded_when_the_server_stops_answering(fresh_postgres_url,
 
     async def scenario():
         relay = FreezingRelay(fresh_postgres_url)
-        db = PostgresStore(await relay.start(fresh_postgres_url))
-        await db.open()
-        record = ConversationRecord(model="m", system_prompt="")
-        await db.create_conversation(record)
-        relay.flowing.clear()
-        started = time.monotonic()
-        with pytest.raises(StorageError):
-            await db.save_messages(record.id, [Message(role="user", content="never answered")])
-        refused_after = time.monotonic() - started
-        db.checkpoint(record.id, Message(role="assistant", content="never sent"))
-        started = time.monotonic()
-        await db.close()
-        closed_after = time.monotonic() - started
-        relay.close()
-        return db.failure, refused_after, closed_after
+        try:
+            async with opened(postgres(await relay.start(fresh_postgres_url))) as db:
+                record = ConversationRecord(model="m", system_prompt="")
+                await db.create_conversation(record)
+                relay.flowing.clear()
+                started = time.monotonic()
+                with pytest.raises(StorageError):
+                    await db.save_messages(record.id, [Message(role="user", content="never answered")])
+                refused_after = time.monotonic() - started
+                db.checkpoint(record.id, Message(role="assistant", content="never sent"))
+                started = time.monotonic()
+                await db.close()
+                return db.failure, refused_after, time.monotonic() - started
+        finally:
+            relay.close()
 
     with caplog.at_level(logging.ERROR):
         failure, refused_after, closed_after = asyncio.run(scenario())

@@ -87,9 +87,9 @@ ON CONFLICT (id) DO UPDATE SET content = excluded.content, reasoning = excluded.
     status = excluded.status, error = excluded.error, meta = excluded.meta
 """
 
-# Refusals that may pass: the database (or the way to it) fails, not the job. A batch that meets one is
-# rolled back whole and its jobs are written again later, in order. Anything else (a unique or foreign
-# key violation, text PostgreSQL cannot hold) is the job's own failure and takes no other job down.
+# Refusals that may pass: the database (or the way to it) fails, not the job. The job fails its caller
+# with StorageError and is kept to be written again, in order. Anything else (a unique or foreign key
+# violation, text PostgreSQL cannot hold) is the job's own failure and takes no other job down.
 MAY_PASS: tuple[type[BaseException], ...] = (
     OSError,  # the connection: refused, reset, unreachable
     TimeoutError,  # connect or command timeout
@@ -105,9 +105,30 @@ MAY_PASS: tuple[type[BaseException], ...] = (
 )
 
 
+# Of those, the ones that say the connection itself is gone or hangs: no other job can be written on it.
+LOST: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    asyncpg.PostgresConnectionError,
+    asyncpg.InterfaceError,
+)
+
+
 def may_pass(error: BaseException) -> bool:
-    """Whether `error` is the database refusing for now rather than this job failing for good."""
-    return isinstance(error, MAY_PASS)
+    """Whether `error` is the database refusing for now rather than this job failing for good. asyncpg's
+    client-side errors about a job's own arguments are ValueErrors: never worth trying again."""
+    return isinstance(error, MAY_PASS) and not isinstance(error, ValueError)
+
+
+def _refusal(error: BaseException) -> StorageError:
+    refusal = StorageError(f"The database could not save this ({str(error) or type(error).__name__}).")
+    refusal.__cause__ = error
+    return refusal
+
+
+def _reason(error: StorageError) -> str:
+    cause = error.__cause__
+    return (str(cause) or type(cause).__name__) if cause is not None else str(error)
 
 
 def describe(url: str) -> str:
@@ -204,13 +225,15 @@ class PostgresStore:
         self._jobs: asyncio.Queue[Job | None] = asyncio.Queue()
         # Writes the database refused for a reason that may pass, in order; retried before new ones.
         self._unwritten: list[Job] = []
-        self._batch: list[Job] = []  # the jobs being written now
-        self._retrying: list[Job] = []  # those of them that were unwritten: they still are until it commits
+        self._batch: list[Job] = []  # the jobs being written now (the unwritten ones first)
         self._connection: asyncpg.Connection | None = None  # the writer's, and only the writer's
         self._pool: asyncpg.Pool | None = None  # for reads
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
         self.failure: str | None = None  # why the last write failed, while writes fail
+        self._lost: BaseException | None = None  # why the server could not be reached, at the last try
+        # Told (on the event loop) of a conversation whose kept writes have all landed.
+        self.on_written: Callable[[str], None] | None = None
 
     # ---- open and close --------------------------------------------------------------------------
 
@@ -253,7 +276,10 @@ class PostgresStore:
 
     async def close(self) -> None:
         """Finish the queued writes (and try the unwritten ones once more), then close. Bounded in time:
-        a server that does not answer costs CLOSE_TIMEOUT at most, and what is left is reported."""
+        a server that does not answer costs CLOSE_TIMEOUT at most, and what is left is reported. Closing
+        again does nothing."""
+        if self._closing:
+            return
         self._closing = True
         if self._writer is not None:
             self._jobs.put_nowait(None)
@@ -273,7 +299,7 @@ class PostgresStore:
 
     def _abandon(self) -> None:
         """The writer was given up on: tell every caller still waiting, and count what is lost."""
-        left = [*self._unwritten, *self._batch]
+        left = list(self._batch or self._unwritten)  # a batch starts with the unwritten jobs
         while not self._jobs.empty():
             if (job := self._jobs.get_nowait()) is not None:
                 left.append(job)
@@ -292,7 +318,7 @@ class PostgresStore:
 
     def unwritten(self, conversation_id: str) -> bool:
         """Whether writes of this conversation wait for the database to recover."""
-        return any(job.conversation_id == conversation_id for job in [*self._retrying, *self._unwritten])
+        return any(job.conversation_id == conversation_id for job in self._unwritten)
 
     async def _write_loop(self) -> None:
         while True:
@@ -300,13 +326,7 @@ class PostgresStore:
             if job is None:
                 await self._finish()
                 return
-            batch = self._gather(job)
-            if self._closing and self.failure is not None:
-                # Shutting down while the database refuses: do not wait on it for every batch; the
-                # writes are kept and tried once more at the end.
-                self._refused([*self._unwritten, *batch], self.failure)
-            else:
-                await self._write_batch(batch)
+            await self._write_batch(self._gather(job))
 
     async def _next_job(self) -> Job | None:
         if not self._unwritten:
@@ -329,28 +349,72 @@ class PostgresStore:
 
     async def _finish(self) -> None:
         if self._unwritten:
+            self._lost = None  # once more, even if the server was out of reach at the last try
             await self._write_batch([])
             if self._unwritten:
                 logger.error("%d writes could not be saved before shutdown", len(self._unwritten))
 
     async def _write_batch(self, batch: list[Job]) -> None:
-        jobs, self._retrying, self._unwritten = [*self._unwritten, *batch], self._unwritten, []
-        self._batch = jobs  # for close() to account for, should it have to give up on the writer
+        # The kept writes go first. `_unwritten` stays as it is until this attempt ends: the hub asks it.
+        self._batch = jobs = [*self._unwritten, *batch]
         try:
-            results = await self._commit(jobs)
-        except Exception as error:
-            # Nothing of the batch was written: every job failed with the database, not on its own.
-            self._refused(jobs, str(error) or type(error).__name__)
-            return
+            results = await self._attempt(jobs)
         finally:
-            self._batch, self._retrying = [], []
-        self.failure = None
+            self._batch = []
+        kept = [job for job, _, error in results if isinstance(error, StorageError) and job.retry]
+        refused = [_reason(error) for _, _, error in results if isinstance(error, StorageError)]
+        self.failure = refused[0] if refused else None
+        if refused:
+            logger.error("database writes failed (%d kept to write again): %s", len(kept), self.failure)
+        waiting = {job.conversation_id for job in self._unwritten}
+        self._unwritten = kept[-MAX_UNWRITTEN:]
         for job, result, error in results:
             self._settle(job, result, error)
+        for conversation_id in waiting - {job.conversation_id for job in self._unwritten}:
+            if conversation_id is not None and self.on_written is not None:
+                asyncio.get_running_loop().call_soon(self.on_written, conversation_id)
 
-    async def _commit(self, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
-        """Write `jobs` in one transaction; a job that fails on its own is rolled back to its savepoint."""
-        db = await self._writer_connection()
+    async def _attempt(self, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
+        """Write `jobs`: together if the database takes them, else each alone; what it refuses fails with
+        StorageError. Without a connection, every job is refused without a try."""
+        if self._closing and self._lost is not None:
+            # Shutting down, and the server was out of reach at the last try: not waited on once per
+            # batch. The writes are kept, and tried once more at the end.
+            return [(job, None, _refusal(self._lost)) for job in jobs]
+        try:
+            db = await self._writer_connection()
+        except Exception as error:
+            return self._unreachable(jobs, error)
+        try:
+            results = await self._in_one_transaction(db, jobs)
+        except Exception as error:
+            if self._gone(error):
+                return self._unreachable(jobs, error)
+            self._lost = None
+            results = await self._one_by_one(db, jobs)  # the database refused the group: which ones does it take?
+            if any(isinstance(error, StorageError) for _, _, error in results):
+                # A new session next time: the refusal may be this one's (a read-only default taken at
+                # connect, a server that has since become a standby behind the same address).
+                self._drop_connection()
+            return results
+        self._lost = None
+        return results
+
+    def _unreachable(self, jobs: list[Job], error: BaseException) -> list[tuple[Job, Any, Exception | None]]:
+        """The server is out of reach (or hangs): every job is refused."""
+        self._drop_connection()  # may be broken, or stuck mid-transaction: a new one next time
+        self._lost = error
+        return [(job, None, _refusal(error)) for job in jobs]
+
+    def _gone(self, error: BaseException) -> bool:
+        """Whether the writer's connection is lost (or hangs) rather than refusing one write."""
+        return isinstance(error, LOST) or self._connection is None or self._connection.is_closed()
+
+    async def _in_one_transaction(
+        self, db: asyncpg.Connection, jobs: list[Job]
+    ) -> list[tuple[Job, Any, Exception | None]]:
+        """Group commit: one transaction, a savepoint per job, so that a job that fails on its own (a
+        constraint) fails alone. A refusal of the database itself (full, read-only, lost) fails them all."""
         results: list[tuple[Job, Any, Exception | None]] = []
         async with db.transaction():
             for job in jobs:
@@ -359,11 +423,40 @@ class PostgresStore:
                         result = await job.work(db)
                 except Exception as error:
                     if may_pass(error):
-                        raise  # the database, not this job: the whole batch waits
+                        raise
                     logger.error("database write failed: %s", error)
                     results.append((job, None, error))
                 else:
                     results.append((job, result, None))
+        return results
+
+    async def _one_by_one(self, db: asyncpg.Connection, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
+        """Each job in its own transaction, in order. A refused job holds up the later jobs of its own
+        conversation only (they stay behind it, in order): one write the database will not take does not
+        stop every other conversation's. A lost connection refuses the rest untried."""
+        results: list[tuple[Job, Any, Exception | None]] = []
+        held: set[str] = set()
+        lost: BaseException | None = None
+        for job in jobs:
+            if lost is not None or job.conversation_id in held:
+                results.append((job, None, _refusal(lost or RuntimeError("an earlier write waits"))))
+                continue
+            try:
+                async with db.transaction():
+                    result = await job.work(db)
+            except Exception as error:
+                if not may_pass(error):
+                    logger.error("database write failed: %s", error)
+                    results.append((job, None, error))
+                    continue
+                if self._gone(error):
+                    self._drop_connection()
+                    lost = self._lost = error
+                elif job.conversation_id is not None:
+                    held.add(job.conversation_id)
+                results.append((job, None, _refusal(error)))
+            else:
+                results.append((job, result, None))
         return results
 
     async def _writer_connection(self) -> asyncpg.Connection:
@@ -372,16 +465,6 @@ class PostgresStore:
             self._drop_connection()
             self._connection = await self._connect("writer")
         return self._connection
-
-    def _refused(self, jobs: list[Job], reason: str) -> None:
-        """The database refused `jobs` (the unwritten ones first): fail them all, keep the retried ones."""
-        # A fresh connection next time: this one may be broken, or stuck in a transaction.
-        self._drop_connection()
-        self.failure = reason
-        self._unwritten = [job for job in jobs if job.retry][-MAX_UNWRITTEN:]
-        logger.error("database writes failed (%d kept to write again): %s", len(self._unwritten), reason)
-        for job in jobs:
-            self._settle(job, None, StorageError(f"The database could not save this ({reason})."))
 
     @staticmethod
     def _settle(job: Job, result: Any, error: Exception | None) -> None:
@@ -486,6 +569,15 @@ class PostgresStore:
     async def save_messages(self, conversation_id: str, messages: list[Message]) -> None:
         """Insert or update these messages, in order, in one transaction."""
         await self._write(self._upsert(conversation_id, messages), conversation_id)
+
+    async def save_interrupted(self, conversation_id: str, message: Message) -> None:
+        """Store a reply whose replica died as interrupted, unless its replica stored it since."""
+        query = (
+            "UPDATE messages SET content = $1, reasoning = $2, status = 'interrupted', error = $3"
+            " WHERE id = $4 AND status = 'streaming'"
+        )
+        row = (message.content, message.reasoning, message.error, message.id)
+        await self._write(lambda db: db.execute(query, *row), conversation_id)
 
     def checkpoint(self, conversation_id: str, message: Message) -> None:
         """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
