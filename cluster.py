@@ -20,13 +20,14 @@ import contextlib
 import json
 import logging
 from collections.abc import Coroutine
+from dataclasses import asdict
 from typing import Any
 
 from redis.exceptions import RedisError
 
 from utils import protocol
-from utils.conversations import Conversation, Hub, Turn
-from utils.messages import Message, new_id
+from utils.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn
+from utils.messages import ConversationRecord, Message, new_id
 from utils.protocol import TurnInProgress, Unavailable
 from utils.redis_log import RENEW_SECONDS, Fenced, ProducedLog, RedisLink
 from utils.store import Store
@@ -36,6 +37,7 @@ logger = logging.getLogger("pocketchat")
 
 WATCH_SECONDS = 0.5  # how often leases of turns running elsewhere are checked
 READ_BLOCK_MS = 100  # a newly mirrored stream joins the next read within this
+UNSTORED_KEEP = int(UNSTORED_KEEP_SECONDS)
 LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
 TAKEN_OVER = "The replica writing this reply stopped; the reply so far is kept."
 
@@ -64,6 +66,12 @@ class SingleProcess:
         turn.stop.set()
 
     async def adopt(self, conversation: Conversation) -> None:
+        return None
+
+    def remember_new(self, record: ConversationRecord) -> None:
+        return None
+
+    async def find_new(self, conversation_id: str) -> ConversationRecord | None:
         return None
 
     def changed(self, conversation: Conversation) -> None:
@@ -98,6 +106,7 @@ class Cluster:
         self._produced: dict[str, tuple[Turn, asyncio.Task[None]]] = {}  # turn id: (turn, its lease renewal)
         self._mirrors: dict[str, Mirror] = {}
         self._elsewhere: dict[str, tuple[str, str]] = {}  # turns running anywhere else: (conversation, reply)
+        self._finishing: dict[str, asyncio.Future[None]] = {}  # by conversation: a turn copying its end
         self._events_from = "0-0"
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: set[asyncio.Task[None]] = set()
@@ -142,6 +151,8 @@ class Cluster:
     async def claim(self, conversation: Conversation, turn_id: str, reply_id: str) -> str:
         """Take the conversation's lease for a new turn: the one arbiter of a running turn, cluster-wide."""
         lease = f"{turn_id} {reply_id} {self.link.replica}"
+        if (finishing := self._finishing.get(conversation.id)) is not None:
+            await asyncio.shield(finishing)  # the turn that just ended here still holds the lease
         try:
             taken = await self.link.claim(conversation.id, lease)
         except (RedisError, OSError) as error:
@@ -194,19 +205,19 @@ class Cluster:
         turn.stop.set()
 
     async def finished(self, conversation: Conversation, turn: Turn) -> None:
-        """The turn's `turn_end` is in its log: copy the rest to Redis, then let the lease go."""
+        """The turn's `turn_end` is in its log: copy the rest to Redis, letting the lease go with it.
+        A socket here sees turn_end before that; a turn it starts meanwhile waits for it (`claim`)."""
         _, renewal = self._produced.pop(turn.id, (None, None))
         if renewal is not None:
             renewal.cancel()
         log = turn.log
         assert isinstance(log, ProducedLog)
-        await log.flushed()
-        if log.failure is None:
-            try:
-                await self.link.renew(conversation.id, log.lease, 0)
-                await self.link.end_stream(turn.id)
-            except (RedisError, OSError) as error:
-                logger.warning("could not release turn %s: %s", turn.id, error)
+        finishing = self._finishing[conversation.id] = asyncio.ensure_future(log.finish())
+        try:
+            await finishing
+        finally:
+            if self._finishing.get(conversation.id) is finishing:
+                del self._finishing[conversation.id]
 
     def stop(self, turn: Turn) -> None:
         if turn.id in self._produced:
@@ -239,6 +250,7 @@ class Cluster:
         if kind == "turn":
             self._elsewhere[event["turn"]] = (conversation_id, event["reply"])
             if live is not None:
+                live.stored = True  # the replica running the turn stored it
                 self._background(self._mirror(live, event["turn"], event["reply"]))
         elif kind == "stop" and (produced := self._produced.get(event["turn"])) is not None:
             produced[0].stop.set()
@@ -251,6 +263,25 @@ class Cluster:
             for subscriber in list(live.subscribers):
                 subscriber.detach()
             self.hub.forget(conversation_id)
+
+    # ---- new conversations (stored with their first turn) ---------------------------------------
+
+    def remember_new(self, record: ConversationRecord) -> None:
+        self._background(self._remember(record))
+
+    async def _remember(self, record: ConversationRecord) -> None:
+        with contextlib.suppress(RedisError, OSError):
+            await self.link.client.set(self._new_key(record.id), json.dumps(asdict(record)), ex=UNSTORED_KEEP)
+
+    async def find_new(self, conversation_id: str) -> ConversationRecord | None:
+        try:
+            found = await self.link.client.get(self._new_key(conversation_id))
+        except (RedisError, OSError):
+            return None
+        return ConversationRecord(**json.loads(found)) if found is not None else None
+
+    def _new_key(self, conversation_id: str) -> str:
+        return f"{self.link.prefix}new:{conversation_id}"
 
     # ---- turns that run elsewhere --------------------------------------------------------------
 

@@ -171,6 +171,11 @@ class Coordinator(Protocol):
 
     async def adopt(self, conversation: "Conversation") -> None: ...
 
+    def remember_new(self, record: ConversationRecord) -> None:
+        """Keep a new conversation where other replicas find it (for UNSTORED_KEEP_SECONDS)."""
+
+    async def find_new(self, conversation_id: str) -> ConversationRecord | None: ...
+
 
 class Hub:
     """Finds a conversation in memory or loads it from the store, so that every socket shares one copy."""
@@ -210,6 +215,8 @@ class Hub:
         record = ConversationRecord(model=model, system_prompt=system_prompt, owner=owner)
         conversation = Conversation(record, [], stored=False, new_log=self._new_log)
         self._live[conversation.id] = conversation
+        if self.coordinator is not None:
+            self.coordinator.remember_new(record)
         self._let_go_of_old_unstored()
         return conversation
 
@@ -247,7 +254,9 @@ class Hub:
         try:
             loaded = await self.store.load(conversation_id)
             if loaded is None:
-                return None
+                # Made on another replica and not stored yet (no message so far)?
+                record = await self.coordinator.find_new(conversation_id) if self.coordinator else None
+                return None if record is None else self._keep(Conversation(record, [], False, self._new_log))
             record, history = loaded
             for message in history:
                 # Not live here, so no turn is writing it: whatever cut it short, it was interrupted.
@@ -256,10 +265,13 @@ class Hub:
             conversation = Conversation(record, history, new_log=self._new_log)
             if self.coordinator is not None:
                 await self.coordinator.adopt(conversation)  # its turn may run on another replica
-            self._live[conversation_id] = conversation
-            return conversation
+            return self._keep(conversation)
         finally:
             del self._loading[conversation_id]
+
+    def _keep(self, conversation: Conversation) -> Conversation:
+        self._live[conversation.id] = conversation
+        return conversation
 
     @asynccontextmanager
     async def borrow(self, conversation_id: str, owner: str) -> AsyncIterator[Conversation]:
@@ -282,6 +294,8 @@ class Hub:
             return
         self._unstored[conversation.id] = time.monotonic() + UNSTORED_KEEP_SECONDS
         self._unstored.move_to_end(conversation.id)
+        if self.coordinator is not None:
+            self.coordinator.remember_new(conversation.record)  # ten minutes from now, there too
         self._let_go_of_old_unstored()
 
     def _idle(self, conversation: Conversation) -> bool:

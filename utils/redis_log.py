@@ -35,11 +35,17 @@ STREAM_MS = 24 * 3600 * 1000  # a stream outlives its turn by this while it runs
 ENDED_STREAM_MS = 10 * 60 * 1000  # after its turn ends: the stored reply is the record then
 EVENTS_MAXLEN = 10_000
 
-# KEYS: stream, lease. ARGV: lease value, then id, frame, id, frame, ...
+# KEYS: stream, lease. ARGV: lease value, "1" if these are the turn's last entries, then id, frame, ...
+# The last entries and the lease's release are one step: whoever sees turn_end may start a turn.
 APPEND = f"""
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-for i = 2, #ARGV, 2 do redis.call('XADD', KEYS[1], ARGV[i], 'f', ARGV[i + 1]) end
-redis.call('PEXPIRE', KEYS[1], {STREAM_MS})
+for i = 3, #ARGV, 2 do redis.call('XADD', KEYS[1], ARGV[i], 'f', ARGV[i + 1]) end
+if ARGV[2] == '1' then
+  redis.call('DEL', KEYS[2])
+  redis.call('PEXPIRE', KEYS[1], {ENDED_STREAM_MS})
+else
+  redis.call('PEXPIRE', KEYS[1], {STREAM_MS})
+end
 return 1
 """
 
@@ -103,15 +109,14 @@ class RedisLink:
         value = await self.client.get(self.lease(conversation_id))
         return value.decode() if value is not None else None
 
-    async def append(self, turn_id: str, conversation_id: str, lease: str, entries: list[tuple[str, str]]) -> None:
-        args: list[str] = [lease]
+    async def append(
+        self, turn_id: str, conversation_id: str, lease: str, entries: list[tuple[str, str]], last: bool
+    ) -> None:
+        args: list[str] = [lease, "1" if last else "0"]
         for entry_id, text in entries:
             args += (entry_id, text)
         if not await self._append(keys=[self.stream(turn_id), self.lease(conversation_id)], args=args):
             raise Fenced(f"turn {turn_id} lost its lease")
-
-    async def end_stream(self, turn_id: str) -> None:
-        await self.client.pexpire(self.stream(turn_id), ENDED_STREAM_MS)
 
     async def take_over(self, turn_id: str, conversation_id: str, error: str, end: str) -> int | None:
         """Append `error` and `end` to a turn whose producer is gone; the seq they follow, or None if
@@ -153,6 +158,7 @@ class ProducedLog(InProcessTurnLog):
         self.failure: Exception | None = None
         self._on_failure = on_failure
         self._unsent: list[tuple[str, str]] = []
+        self._ending = False  # turn_end is in: the next copy is the last, and lets the lease go
         self._flushing: asyncio.Task[None] | None = None
         self.flushed_at = 0.0
 
@@ -168,14 +174,15 @@ class ProducedLog(InProcessTurnLog):
         while self._unsent and self.failure is None:
             batch, self._unsent = self._unsent, []
             try:
-                await self.link.append(self.turn_id, self.conversation_id, self.lease, batch)
+                await self.link.append(self.turn_id, self.conversation_id, self.lease, batch, self._ending)
                 self.flushed_at = time.monotonic()
             except (Fenced, RedisError, OSError) as error:
                 self.failure = error
                 self._unsent = []
                 self._on_failure(error)
 
-    async def flushed(self) -> None:
-        """Wait until every entry so far is in Redis (or copying failed)."""
+    async def finish(self) -> None:
+        """turn_end is in the log: copy what is left, and with it let the turn's lease go."""
+        self._ending = True
         while self._flushing is not None and not self._flushing.done():
             await asyncio.shield(self._flushing)

@@ -95,7 +95,8 @@ def _migrate(db: sqlite3.Connection) -> None:
 
 def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> None:
     db.execute(
-        "INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
+        # OR IGNORE: with replicas, two may each store a new conversation they both had in memory.
+        "INSERT OR IGNORE INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
         " VALUES (?, ?, ?, ?, ?, ?, ?)",
         (
             record.id,
