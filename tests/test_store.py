@@ -140,6 +140,40 @@ def test_deleting_a_conversation_deletes_its_messages(store):
     assert [m.content for m in kept_messages] == ["stays", "gone with it"]
 
 
+def test_a_conversation_two_replicas_both_store_is_stored_once(store):
+    async def scenario():
+        async with opened(store) as one, opened(store, sweep_streaming=False) as two:
+            record = ConversationRecord(model="m", system_prompt="", title="first")
+            again = ConversationRecord(**{**record.__dict__, "title": "second"})
+            await asyncio.gather(
+                one.open_turn(record.id, record, [Message(role="user", content="from one")], []),
+                two.open_turn(record.id, again, [Message(role="user", content="from two")], []),
+            )
+            await one.create_conversation(record)  # no error either
+            stored, messages = await one.load(record.id)
+            return stored.title, sorted(m.content for m in messages), len(await one.list_conversations("local"))
+
+    title, contents, listed = asyncio.run(scenario())
+    assert title in ("first", "second") and listed == 1
+    assert contents == ["from one", "from two"]
+
+
+def test_a_reply_whose_replica_died_is_stored_interrupted_unless_stored_since(store):
+    async def scenario():
+        async with opened(store) as db:
+            record = ConversationRecord(model="m", system_prompt="")
+            cut = Message(role="assistant", content="", status="streaming")
+            done = Message(role="assistant", content="all of it", status="complete")
+            await db.open_turn(record.id, record, [cut, done], [])
+            # What another replica's log held when its replica died.
+            await db.save_interrupted(record.id, Message(**{**cut.__dict__, "content": "half", "reasoning": "r"}))
+            await db.save_interrupted(record.id, Message(**{**done.__dict__, "content": "stale"}))
+            _, messages = await db.load(record.id)
+            return [(m.content, m.reasoning, m.status) for m in messages]
+
+    assert asyncio.run(scenario()) == [("half", "r", "interrupted"), ("all of it", "", "complete")]
+
+
 def test_conversations_are_listed_by_owner_newest_first(store):
     async def scenario():
         async with opened(store) as db:

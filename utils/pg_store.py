@@ -173,8 +173,9 @@ def _message(row: asyncpg.Record) -> Message:
 
 async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecord) -> None:
     await db.execute(
+        # DO NOTHING: with replicas, two may each store a new conversation they both had in memory.
         "INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
         record.id,
         record.owner,
         record.title,
