@@ -291,7 +291,16 @@ class PostgresStore:
                 self._writer.cancel()
                 await asyncio.gather(self._writer, return_exceptions=True)
                 self._abandon()
-        self._drop_connection()
+        await self._say_goodbye()
+
+    async def _say_goodbye(self) -> None:
+        """Close the connections gracefully (the server logs no unexpected EOF), or at once if that hangs."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            try:
+                await connection.close(timeout=CONNECT_TIMEOUT)  # aborts the connection if it fails
+            except Exception as error:
+                logger.debug("writer connection closed abruptly: %s", error)
         if self._pool is not None:
             try:
                 await asyncio.wait_for(self._pool.close(), CONNECT_TIMEOUT)
