@@ -2,7 +2,8 @@
 
 The same records, kept the same way as `SqliteStore` keeps them, on asyncpg: one writer task owns one
 connection and writes the queued jobs in order, a group at a time in one transaction with a savepoint
-per job; reads go through a small pool, never through the writer's connection. The schema is versioned
+per job (one job at a time when the database refuses the group, so that a refused write holds up only
+its own conversation); reads go through a small pool, never through the writer's connection. The schema is versioned
 (`schema_version`) and brought up to date at `open()` under an advisory lock, so that replicas starting
 together migrate it once. The URL may hold a password: only its host, port and database are ever logged.
 """
