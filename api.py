@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, StringConstraints
 
 from auth import user_of, visitor_of
@@ -16,10 +17,11 @@ from state import chat_state
 from utils import protocol
 from utils.conversations import Conversation
 from utils.export import conversation_markdown
-from utils.protocol import StorageError, Unicode
+from utils.protocol import StorageError, Unavailable, Unicode
 from utils.providers import available_models
 
 router = APIRouter()
+DELETE_WAIT_SECONDS = 30.0  # for a stopped reply to end, on whichever replica writes it
 
 
 async def invalid_request(request: Request, error: RequestValidationError) -> JSONResponse:
@@ -39,6 +41,12 @@ async def page(request: Request) -> Response:
 async def livez() -> dict[str, str]:
     """200 while the process serves at all (a restart is the cure when it does not)."""
     return {"status": "alive"}
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus text format: turns, sockets, chunks, first-chunk times, provider errors, store writes."""
+    return Response(chat_state(request.app).metrics.text(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/healthz")
@@ -81,8 +89,10 @@ async def borrowed(request: Request, conversation_id: str) -> AsyncIterator[Conv
             yield conversation
     except protocol.UnknownSession as error:
         raise HTTPException(404, error.message) from None
-    except StorageError as error:
+    except (StorageError, Unavailable) as error:
         raise HTTPException(503, error.message) from None
+    except TimeoutError:
+        raise HTTPException(503, "Its reply did not stop in time; try again.") from None
 
 
 @router.get("/api/conversations/{conversation_id}")
@@ -110,6 +120,7 @@ async def change_conversation(request: Request, conversation_id: str, changes: C
         for name, value in changes.model_dump(exclude_none=True).items():
             setattr(record, name, value)
         conversation.broadcast(protocol.conversation(record))
+        state.coordinator.changed(conversation)  # and the sockets on other replicas
         # If the database refuses the write, the change stays in memory and is written when it recovers.
         await state.hub.ensure_stored(conversation)
         await state.store.update_conversation(record)
@@ -121,17 +132,19 @@ async def delete_conversation(request: Request, conversation_id: str) -> None:
     """Delete a conversation: its running turn is stopped, then its sockets are told."""
     state = chat_state(request.app)
     async with borrowed(request, conversation_id) as conversation:
-        conversation.deleting = True  # from now on no turn starts and no socket opens it
+        conversation.deleting = True  # from now on no turn starts here and no socket opens it
         try:
-            if (turn := conversation.turn) is not None and turn.task is not None:
-                turn.stop.set()
-                await asyncio.shield(turn.task)
+            if (turn := conversation.turn) is not None:
+                state.coordinator.stop(turn)  # here, or on the replica that runs it
+                await asyncio.wait_for(asyncio.shield(turn.done.wait()), DELETE_WAIT_SECONDS)
+            await state.coordinator.deleting(conversation.id)  # and no turn starts on another replica
             if conversation.stored:
                 await state.store.delete_conversation(conversation.id)
         except BaseException:
             conversation.deleting = False  # still there: it can be used, or deleted again
             raise
         conversation.broadcast(protocol.deleted(conversation.id))
+        state.coordinator.deleted(conversation.id)  # other replicas tell their sockets
         for subscriber in list(conversation.subscribers):
             subscriber.detach()
         state.hub.forget(conversation.id)

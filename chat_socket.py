@@ -275,9 +275,11 @@ async def chat_socket(websocket: WebSocket) -> None:
     client = Client(websocket, state, user)
     if visitor.session_id is not None:
         state.add_socket(visitor.session_id, client)
+    state.metrics.sockets.inc()
     try:
         await client.serve()
     finally:
+        state.metrics.sockets.dec()
         state.limits.sockets.remove(user)
         if visitor.session_id is not None:
             state.remove_socket(visitor.session_id, client)

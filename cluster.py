@@ -19,7 +19,8 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Coroutine
+import time
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict
 from typing import Any
 
@@ -38,6 +39,7 @@ logger = logging.getLogger("pocketchat")
 WATCH_SECONDS = 0.5  # how often leases of turns running elsewhere are checked
 READ_BLOCK_MS = 100  # a newly mirrored stream joins the next read within this
 UNSTORED_KEEP = int(UNSTORED_KEEP_SECONDS)
+DELETE_MS = 30_000  # a deleted conversation's lease is held this long: no turn starts on it meanwhile
 LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
 TAKEN_OVER = "The replica writing this reply stopped; the reply so far is kept."
 
@@ -77,6 +79,9 @@ class SingleProcess:
     def changed(self, conversation: Conversation) -> None:
         return None
 
+    async def deleting(self, conversation_id: str) -> None:
+        return None
+
     def deleted(self, conversation_id: str) -> None:
         return None
 
@@ -108,6 +113,7 @@ class Cluster:
         self._elsewhere: dict[str, tuple[str, str]] = {}  # turns running anywhere else: (conversation, reply)
         self._finishing: dict[str, asyncio.Future[None]] = {}  # by conversation: a turn copying its end
         self._events_from = "0-0"
+        self.on_lag: Callable[[float], None] | None = None  # told how far behind the producer a read was
         self._tasks: list[asyncio.Task[None]] = []
         self._pending: set[asyncio.Task[None]] = set()
 
@@ -233,6 +239,15 @@ class Cluster:
         fields = {"title": record.title, "model": record.model, "system_prompt": record.system_prompt}
         self._background(self._publish({"kind": "changed", "conversation": conversation.id, **fields}))
 
+    async def deleting(self, conversation_id: str) -> None:
+        """About to delete it: take its lease for a while, so that no replica starts a turn meanwhile
+        (one that just started is fenced: it can append nothing more), and forget it as new."""
+        try:
+            await self.link.client.set(self.link.lease(conversation_id), f"deleting {self.link.replica}", px=DELETE_MS)
+            await self.link.client.delete(self._new_key(conversation_id))
+        except (RedisError, OSError) as error:
+            raise Unavailable(f"PocketChat cannot delete it now: Redis is unreachable ({error}).") from None
+
     def deleted(self, conversation_id: str) -> None:
         self._background(self._publish({"kind": "deleted", "conversation": conversation_id}))
 
@@ -292,7 +307,7 @@ class Cluster:
         except (RedisError, OSError) as error:
             logger.warning("could not ask Redis whether conversation %s… runs a turn: %s", conversation.id[:6], error)
             return
-        if holder is not None and holder != "deleting":
+        if holder is not None and not holder.startswith("deleting "):
             turn_id, reply_id, _ = holder.split(" ", 2)
             if turn_id not in self._produced:
                 await self._mirror(conversation, turn_id, reply_id)
@@ -384,6 +399,8 @@ class Cluster:
                         self._on_event(json.loads(fields[b"e"]))
                 elif (mirror := self._mirrors.get(name.rpartition(":")[2])) is not None:
                     self._take(mirror, [(entry_id, fields[b"f"].decode()) for entry_id, fields in decoded])
+                    if self.on_lag is not None and b"t" in decoded[-1][1]:
+                        self.on_lag(time.time() - float(decoded[-1][1][b"t"]))
 
     async def _watch(self) -> None:
         """Notice turns whose producer died (its lease expired) and end them `interrupted`."""
@@ -430,4 +447,3 @@ class Cluster:
     @property
     def ready(self) -> bool:
         return self.failure is None
-

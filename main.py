@@ -10,10 +10,12 @@ import asyncio
 import contextlib
 import logging
 import re
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from fastapi import FastAPI
@@ -53,7 +55,8 @@ def create_app(settings: Settings) -> FastAPI:
             # once. One that does not answer delays start-up briefly, never a `ready`.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.shield(state.resolve_default_model()), STARTUP_MODEL_WAIT)
-        logger.info("serving with provider %s, database %s", provider.kind, settings.db_path)
+        where = "PostgreSQL" if settings.database_url else settings.db_path  # the URL may hold a password
+        logger.info("serving with provider %s, database %s, %s", provider.kind, where, type(state.coordinator).__name__)
         try:
             yield
         finally:
@@ -138,8 +141,9 @@ def main(argv: list[str]) -> None:
     # The HTTP client logs every request with its full URL, which may carry credentials; the turn's
     # own log line says what happened.
     logging.getLogger("httpx2").setLevel(logging.WARNING)
-    uvicorn.run(
-        create_app(settings),
+    app = create_app(settings)
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         # Frames above our own limit get a `too_large` error; far larger ones are refused by uvicorn.
@@ -154,6 +158,21 @@ def main(argv: list[str]) -> None:
         # for any one frame, then stops the turns and stores their replies.
         timeout_graceful_shutdown=max(1, round(settings.send_timeout)),
     )
+    DrainingServer(config, app).run()
+
+
+class DrainingServer(uvicorn.Server):
+    """Uvicorn, telling the app how it is asked to stop: SIGTERM (a rolling restart) drains, letting
+    the running replies finish for up to --drain-timeout; Ctrl+C stops them at once, storing them."""
+
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self.app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if sig == signal.SIGTERM and (state := getattr(self.app.state, "chat", None)) is not None:
+            state.draining = True
+        super().handle_exit(sig, frame)
 
 
 if __name__ == "__main__":

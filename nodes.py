@@ -97,6 +97,7 @@ class StreamChat(AsyncNode):
         reply.meta = _reply_stats(request, outcome, reply.content + reply.reasoning, turn.started_at)
         if outcome.error is not None:
             reply.error = outcome.error.message
+            turn.error_kind = outcome.error.kind
             outcome.error.turn_id = turn.id
             request.channel.append(protocol.error(outcome.error))
         conversation.history.append(reply)

@@ -13,6 +13,7 @@ from utils import protocol
 from utils.conversations import Conversation, Hub
 from utils.limits import Limits
 from utils.llm_stream import ChatProvider
+from utils.metrics import Metrics
 from utils.protocol import ProviderError
 from utils.settings import Settings
 from utils.store import Store
@@ -37,9 +38,14 @@ class AppState:
             self.coordinator = Cluster(settings.redis_url.get_secret_value(), settings.redis_prefix, self.hub, store)
             self.hub.coordinator = self.coordinator
         self.limits = Limits(settings)
+        self.metrics = Metrics(lambda: sum(1 for turn in self.hub.running_turns if turn.task is not None))
+        store.timing = self.metrics.store_writes.observe
+        if isinstance(self.coordinator, Cluster):
+            self.coordinator.on_lag = self.metrics.log_lag.observe
         self.sign_in = SignIn(settings, store, self.limits)
         self.default_model = settings.model
         self._resolving: asyncio.Task[None] | None = None
+        self.draining = False  # SIGTERM: the running replies may finish before shutdown stops them
         self._sockets: dict[str, set[SignedInSocket]] = {}  # by session id
         self._session_watch: asyncio.Task[None] | None = None
 
@@ -119,10 +125,15 @@ class AppState:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        turns = self.hub.running_turns
-        for turn in turns:
+        tasks = [turn.task for turn in self.hub.running_turns if turn.task is not None]
+        if self.draining and tasks:
+            # A rolling restart: the sockets were closed with 1012 and reconnect to another replica,
+            # which follows these replies from the shared log while they finish here.
+            logger.info("draining: %d replies may finish for up to %g s", len(tasks), self.settings.drain_timeout)
+            await asyncio.wait(tasks, timeout=self.settings.drain_timeout)
+        for turn in self.hub.running_turns:
             turn.stop.set()
-        await asyncio.gather(*(t.task for t in turns if t.task is not None), return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.provider.aclose()
         await self.coordinator.aclose()
         await self.store.close()

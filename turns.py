@@ -63,6 +63,7 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         turn.log.append(protocol.turn_end(turn.id, reply.status, reply.id, stats))
         await state.coordinator.finished(conversation, turn)
         conversation.end(turn)
+        state.metrics.turn_ended(turn)
         state.limits.running.remove(conversation.record.owner)
         state.hub.release(conversation)
         logger.info(

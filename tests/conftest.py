@@ -3,7 +3,6 @@
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,15 @@ import pytest
 from websockets.sync.client import ClientConnection, connect
 
 from tests.fake_openai import FakeOpenAI, FakeOpenAIThread
-from tests.services import fresh_postgres_url, postgres_server, postgres_url  # noqa: F401 (fixtures)
+from tests.services import (  # noqa: F401 (fixtures)
+    free_port,
+    fresh_postgres_url,
+    postgres_server,
+    postgres_url,
+    private_redis,
+    redis_prefix,
+    redis_server,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 API_KEY = "sk-test-SECRET-abcdef0123456789"
@@ -25,12 +32,6 @@ NO_LIMITS = [
     *("--limit-running-turns", "0", "--limit-messages-per-minute", "0"),
     *("--limit-sockets", "0", "--limit-conversations-per-minute", "0"),
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class AppProcess:
@@ -169,13 +170,35 @@ def fake(fake_server: FakeOpenAI) -> FakeOpenAI:
     return fake_server
 
 
+MODES = ["single", "replicas"]
+
+
 @pytest.fixture
-def start_app(tmp_path: Path, fake: FakeOpenAI) -> Iterator[Any]:
+def mode(request: pytest.FixtureRequest) -> str:
+    """How the app runs: one process on SQLite, or a replica on PostgreSQL and Redis. A test module
+    runs in both with `pytestmark = pytest.mark.parametrize("mode", MODES, indirect=True)`."""
+    return getattr(request, "param", "single")
+
+
+@pytest.fixture
+def mode_args(request: pytest.FixtureRequest, mode: str) -> list[str]:
+    """The flags of the mode: for replicas, a PostgreSQL database and a Redis key prefix of the test's own."""
+    if mode == "single":
+        return []
+    return [
+        *("--database-url", request.getfixturevalue("fresh_postgres_url")),
+        *("--redis-url", request.getfixturevalue("redis_server")),
+        *("--redis-prefix", request.getfixturevalue("redis_prefix")),
+    ]
+
+
+@pytest.fixture
+def start_app(tmp_path: Path, fake: FakeOpenAI, mode_args: list[str]) -> Iterator[Any]:
     """Start the app against the fake; extra flags override the defaults."""
     started: list[AppProcess] = []
 
     def start(*args: str, env: dict[str, str] | None = None) -> AppProcess:
-        defaults = ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--retry-wait", "0.05", *NO_LIMITS]
+        defaults = ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--retry-wait", "0.05", *NO_LIMITS, *mode_args]
         app = AppProcess(tmp_path, [*defaults, *args], {"POCKETCHAT_API_KEY": API_KEY, **(env or {})})
         started.append(app)
         return app.start()

@@ -12,15 +12,28 @@ asks for isolation, gets a database of its own beside it, `pocketchat_test_<pid>
 import asyncio
 import os
 import secrets
+import shutil
+import socket
+import subprocess
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import pytest
+import redis
 
 from utils.pg_store import describe
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
 
 POSTGRES_ADMIN_URL = os.environ.get("POCKETCHAT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
 CONNECT_TIMEOUT = 5.0
@@ -116,3 +129,80 @@ def fresh_postgres_url(postgres_server: str) -> Iterator[str]:
     """A database of this test's own, for a test that counts or sweeps every row, or breaks the database."""
     with fresh_database() as url:
         yield url
+
+
+# ---- Redis ---------------------------------------------------------------------------------------
+
+REDIS_URL = os.environ.get("POCKETCHAT_TEST_REDIS", "redis://127.0.0.1:6379/0")
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> str:
+    """The Redis URL, once the server has answered; else a skip (or a failure) that says why."""
+    client = redis.Redis.from_url(REDIS_URL, socket_connect_timeout=CONNECT_TIMEOUT)
+    try:
+        client.ping()
+    except (redis.RedisError, OSError) as error:
+        problem = f"Redis at {urlsplit(REDIS_URL).netloc} cannot be reached ({error})"
+    else:
+        return REDIS_URL
+    finally:
+        client.close()
+    unavailable(f"{problem}; POCKETCHAT_TEST_REDIS names another server")
+
+
+@pytest.fixture
+def redis_prefix(redis_server: str) -> Iterator[str]:
+    """A key prefix of this test's own on the shared Redis; its keys are deleted after."""
+    prefix = f"pocketchat_test_{os.getpid()}_{secrets.token_hex(4)}:"
+    yield prefix
+    client = redis.Redis.from_url(redis_server)
+    try:
+        for key in client.scan_iter(match=prefix + "*", count=1000):
+            client.delete(key)
+    finally:
+        client.close()
+
+
+class PrivateRedis:
+    """A redis-server of a test's own on a free port, that the test may stop and start (an outage),
+    never the shared one."""
+
+    def __init__(self, directory: Path) -> None:
+        self.port = free_port()
+        self.directory = directory
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> "PrivateRedis":
+        command = ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        self.process = subprocess.Popen([*command, "--dir", str(self.directory)], stdout=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                return self
+            except (redis.RedisError, OSError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+            finally:
+                client.close()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(10)
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    if shutil.which("redis-server") is None:
+        unavailable("redis-server is not installed (Debian: apt-get install redis-server)")
+    server = PrivateRedis(tmp_path).start()
+    yield server
+    server.stop()

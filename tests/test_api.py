@@ -6,7 +6,11 @@ import urllib.request
 
 import pytest
 
+from tests.conftest import MODES
 from tests.fake_openai import Reply
+
+# Every rule holds in both modes: one process on SQLite, and a replica on PostgreSQL and Redis.
+pytestmark = pytest.mark.parametrize("mode", MODES, indirect=True)
 
 
 def request(app, method: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
@@ -115,5 +119,7 @@ def test_the_embedded_model_is_listed_when_the_remote_provider_is_down(start_app
     assert "Could not reach the provider at http://127.0.0.1:9/v1" in listed["error"]
 
 
-def test_the_health_check_says_ok_with_its_parts(app):
-    assert app.get("/healthz") == {"status": "ok", "store": "ok", "provider": "openai", "running_turns": 0}
+def test_the_health_check_says_ok_with_its_parts(app, mode):
+    parts = {"status": "ok", "store": "ok", **({"redis": "ok"} if mode == "replicas" else {})}
+    assert app.get("/healthz") == {**parts, "provider": "openai", "running_turns": 0}
+    assert app.get("/livez") == {"status": "alive"}

@@ -472,7 +472,7 @@ def test_a_write_the_database_refuses_holds_up_only_its_own_conversation(fresh_p
             reply = Message(role="assistant", content="FULL half a rep", status="streaming")
             db.checkpoint(a.id, reply)  # the turn's last checkpoint (its row is copied now)
             reply.content, reply.status = "FULL half a reply, and the rest", "complete"
-            with pytest.raises(StorageError, match="an earlier write waits"):
+            with pytest.raises(StorageError, match="No space left"):
                 await db.save_messages(a.id, [reply])  # held behind the refused checkpoint, in order
             refused = db.failure
             with pytest.raises(StorageError):

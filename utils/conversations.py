@@ -57,6 +57,8 @@ class Turn:
     started_at: float = field(default_factory=time.monotonic)
     task: asyncio.Task[None] | None = None
     failure: str | None = None  # why the turn could not go on (Redis lost, with replicas)
+    error_kind: str | None = None  # what failed the provider, if it failed (for /metrics)
+    done: asyncio.Event = field(default_factory=asyncio.Event)  # set when it has ended, here or elsewhere
 
     def reply_so_far(self) -> Message:
         """The reply, with the text and reasoning its log holds now."""
@@ -154,6 +156,7 @@ class Conversation:
 
     def end(self, turn: Turn) -> None:
         turn.log.close()
+        turn.done.set()
         if self.turn is turn:
             self.turn = None
 

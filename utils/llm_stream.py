@@ -64,7 +64,8 @@ def _read(chunk: Chunk) -> tuple[list[tuple[str, str | None, str | None]], dict[
 class UnicodeRepair:
     """Provider text as valid Unicode. Some providers send a character outside the BMP as two JSON
     escapes split across chunks (`"\\ud83d"`, then `"\\ude00"`): the halves are joined again, and a
-    surrogate with no partner becomes U+FFFD. Nothing with a lone surrogate can be sent or stored."""
+    surrogate with no partner becomes U+FFFD. Nothing with a lone surrogate can be sent or stored, nor
+    a NUL in PostgreSQL: one is dropped."""
 
     def __init__(self) -> None:
         self._held = ""  # a high surrogate that may be the first half of a pair
@@ -82,8 +83,9 @@ class UnicodeRepair:
 
 
 def _valid(text: str) -> str:
-    # UTF-16 with surrogatepass turns a proper pair into its character; "replace" marks the rest.
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
+    # UTF-16 with surrogatepass turns a proper pair into its character; "replace" marks the rest. A NUL
+    # is dropped: PostgreSQL cannot store one.
+    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").replace("\x00", "")
 
 
 @dataclass
@@ -124,7 +126,8 @@ async def stream_llm(
                 try:
                     choices, usage = _read(chunk)
                 except (AttributeError, TypeError, ValueError) as error:
-                    raise ProviderError(f"The provider sent a chunk PocketChat cannot read: {chunk!r:.200}") from error
+                    unreadable = f"The provider sent a chunk PocketChat cannot read: {chunk!r:.200}"
+                    raise ProviderError(unreadable, kind="unreadable") from error
                 for content, reasoning, finish_reason in choices:
                     emit(content_text.feed(content), reasoning_text.feed(reasoning) if reasoning else None)
                     if finish_reason:
@@ -150,5 +153,5 @@ async def stream_llm(
     if not result.stopped:
         reading.result()  # re-raises the provider's failure
         if result.finish_reason is None:
-            raise ProviderError("The provider's stream ended before the reply was finished.")
+            raise ProviderError("The provider's stream ended before the reply was finished.", kind="stream_cut")
     return result

@@ -142,13 +142,15 @@ class OpenAIProvider:
         `streaming`: it came while the reply was streaming in."""
         if isinstance(error, openai.APIConnectionError):  # timeouts included
             if isinstance(error, openai.APITimeoutError) and (what_ran_out := self._timed_out(error)):
-                return ProviderError(what_ran_out, retryable=True)
+                return ProviderError(what_ran_out, retryable=True, kind="timeout")
             cause = _innermost_cause(error)
             # aiohttp's parser errors read "400, message: ..." though no HTTP 400 was sent.
             detail = " ".join(str(getattr(cause, "message", None) or cause or "").split())
             what = "The provider's stream broke off" if streaming else "Could not reach the provider"
             return ProviderError(
-                self.redact(f"{what} at {self.base_url}" + (f": {detail}" if detail else "")), retryable=True
+                self.redact(f"{what} at {self.base_url}" + (f": {detail}" if detail else "")),
+                retryable=True,
+                kind="stream_cut" if streaming else "connection",
             )
         if isinstance(error, openai.APIStatusError):
             return ProviderError(

@@ -236,6 +236,7 @@ class PostgresStore:
         self._lost: BaseException | None = None  # why the server could not be reached, at the last try
         # Told (on the event loop) of a conversation whose kept writes have all landed.
         self.on_written: Callable[[str], None] | None = None
+        self.timing: Callable[[float], None] | None = None
 
     # ---- open and close --------------------------------------------------------------------------
 
@@ -368,10 +369,13 @@ class PostgresStore:
     async def _write_batch(self, batch: list[Job]) -> None:
         # The kept writes go first. `_unwritten` stays as it is until this attempt ends: the hub asks it.
         self._batch = jobs = [*self._unwritten, *batch]
+        started = time.perf_counter()
         try:
             results = await self._attempt(jobs)
         finally:
             self._batch = []
+        if self.timing is not None:
+            self.timing(time.perf_counter() - started)
         kept = [job for job, _, error in results if isinstance(error, StorageError) and job.retry]
         refused = [_reason(error) for _, _, error in results if isinstance(error, StorageError)]
         self.failure = refused[0] if refused else None
@@ -446,11 +450,12 @@ class PostgresStore:
         conversation only (they stay behind it, in order): one write the database will not take does not
         stop every other conversation's. A lost connection refuses the rest untried."""
         results: list[tuple[Job, Any, Exception | None]] = []
-        held: set[str] = set()
+        held: dict[str, BaseException] = {}  # conversation: why its first write was refused
         lost: BaseException | None = None
         for job in jobs:
             if lost is not None or job.conversation_id in held:
-                results.append((job, None, _refusal(lost or RuntimeError("an earlier write waits"))))
+                # Behind a refused write of its conversation, for the same reason.
+                results.append((job, None, _refusal(lost or held[job.conversation_id or ""])))
                 continue
             try:
                 async with db.transaction():
@@ -464,7 +469,7 @@ class PostgresStore:
                     self._drop_connection()
                     lost = self._lost = error
                 elif job.conversation_id is not None:
-                    held.add(job.conversation_id)
+                    held[job.conversation_id] = error
                 results.append((job, None, _refusal(error)))
             else:
                 results.append((job, result, None))

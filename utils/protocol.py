@@ -18,12 +18,14 @@ PROTOCOL_VERSION = 1
 
 def unicode_text(value: object) -> object:
     """Refuse text that cannot be sent or stored: JSON's `\\ud83d` escapes decode to lone surrogates,
-    which no UTF-8 socket or database accepts."""
+    which no UTF-8 socket or database accepts, and `\\u0000` to a NUL, which PostgreSQL refuses."""
     if isinstance(value, str):
         try:
             value.encode()
         except UnicodeEncodeError:
             raise ValueError("must be valid Unicode text (it holds a lone surrogate)") from None
+        if "\x00" in value:  # PostgreSQL text cannot hold it
+            raise ValueError("must not hold a NUL character")
     return value
 
 
@@ -91,10 +93,12 @@ class ProviderError(ProtocolError):
 
     code = "provider_error"
 
-    def __init__(self, message: str, status: int | None = None, retryable: bool = False) -> None:
+    def __init__(self, message: str, status: int | None = None, retryable: bool = False, kind: str = "") -> None:
         super().__init__(message)
         self.status = status
         self.retryable = retryable
+        # For /metrics: http_<status>, timeout, connection, stream_cut, unreadable, or what raised it.
+        self.kind = kind or (f"http_{status}" if status else "other")
 
 
 ERROR_CODES = [cls.code for cls in ProtocolError.__subclasses__()]

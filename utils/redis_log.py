@@ -35,11 +35,12 @@ STREAM_MS = 24 * 3600 * 1000  # a stream outlives its turn by this while it runs
 ENDED_STREAM_MS = 10 * 60 * 1000  # after its turn ends: the stored reply is the record then
 EVENTS_MAXLEN = 10_000
 
-# KEYS: stream, lease. ARGV: lease value, "1" if these are the turn's last entries, then id, frame, ...
+# KEYS: stream, lease. ARGV: lease value, "1" if these are the turn's last entries, the producer's clock
+# (followers measure their lag by it), then id, frame, id, frame, ...
 # The last entries and the lease's release are one step: whoever sees turn_end may start a turn.
 APPEND = f"""
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-for i = 3, #ARGV, 2 do redis.call('XADD', KEYS[1], ARGV[i], 'f', ARGV[i + 1]) end
+for i = 4, #ARGV, 2 do redis.call('XADD', KEYS[1], ARGV[i], 'f', ARGV[i + 1], 't', ARGV[3]) end
 if ARGV[2] == '1' then
   redis.call('DEL', KEYS[2])
   redis.call('PEXPIRE', KEYS[1], {ENDED_STREAM_MS})
@@ -112,7 +113,7 @@ class RedisLink:
     async def append(
         self, turn_id: str, conversation_id: str, lease: str, entries: list[tuple[str, str]], last: bool
     ) -> None:
-        args: list[str] = [lease, "1" if last else "0"]
+        args: list[str] = [lease, "1" if last else "0", repr(time.time())]
         for entry_id, text in entries:
             args += (entry_id, text)
         if not await self._append(keys=[self.stream(turn_id), self.lease(conversation_id)], args=args):

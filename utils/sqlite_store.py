@@ -170,6 +170,7 @@ class SqliteStore:
         self.failure: str | None = None  # why the last write failed, while writes fail
         # Told (on the event loop) of a conversation whose kept writes have all landed.
         self.on_written: Callable[[str], None] | None = None
+        self.timing: Callable[[float], None] | None = None
 
     async def open(self, sweep_streaming: bool = True) -> int:
         """Bring the schema up to date, start the writer, and (with `sweep_streaming`: no other process
@@ -230,10 +231,13 @@ class SqliteStore:
     def _write_batch(self, batch: list[Job]) -> None:
         # The kept writes go first. `_unwritten` stays as it is until this attempt ends: the hub asks it.
         jobs = [*self._unwritten, *batch]
+        started = time.perf_counter()
         try:
             results = self._in_one_transaction(jobs)
         except sqlite3.OperationalError:
             results = self._one_by_one(jobs)  # the database refused the group: see which ones it takes
+        if self.timing is not None:
+            self.timing(time.perf_counter() - started)
         kept = [job for job, _, error in results if isinstance(error, StorageError) and job.retry]
         refused = [str(error.__cause__) for _, _, error in results if isinstance(error, StorageError)]
         self.failure = refused[0] if refused else None
@@ -279,10 +283,10 @@ class SqliteStore:
         not stop every other conversation's."""
         db = self._connection
         results: list[tuple[Job, Any, Exception | None]] = []
-        held: set[str] = set()
+        held: dict[str, Exception] = {}  # conversation: why its first write was refused
         for job in jobs:
             if job.conversation_id in held:
-                results.append((job, None, _refused(sqlite3.OperationalError("an earlier write waits"))))
+                results.append((job, None, _refused(held[job.conversation_id])))  # behind it, for the same reason
                 continue
             try:
                 db.execute("BEGIN")
@@ -296,7 +300,7 @@ class SqliteStore:
                     results.append((job, None, error))
                     continue
                 if job.conversation_id is not None:
-                    held.add(job.conversation_id)
+                    held[job.conversation_id] = error
                 results.append((job, None, _refused(error)))
         return results
 

@@ -18,6 +18,7 @@ class Store(Protocol):
     failure: str | None  # why writes fail now (None: they do not)
     # Called on the event loop with a conversation whose kept writes have all landed at last.
     on_written: Callable[[str], None] | None
+    timing: Callable[[float], None] | None  # told how long each group of writes took (for /metrics)
 
     async def open(self, sweep_streaming: bool = True) -> int:
         """Migrate, start the writer; with `sweep_streaming`, mark replies left streaming as interrupted."""
