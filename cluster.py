@@ -123,7 +123,12 @@ class Cluster:
         """Run `work` without waiting for it; kept referenced until done (the loop holds tasks weakly)."""
         task = asyncio.create_task(work)
         self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        self._pending.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.error("replica work failed", exc_info=error)
 
     async def start(self) -> None:
         try:
@@ -185,6 +190,7 @@ class Cluster:
         self._produced[turn.id] = (turn, renewal)
         event = {"kind": "turn", "conversation": conversation.id, "turn": turn.id, "reply": turn.reply.id}
         try:
+            await log.copied()  # turn_start first: a replica told of the turn finds it in the stream
             await self.link.publish(event)
         except (RedisError, OSError) as error:
             self._lost(turn.id, error)
@@ -302,6 +308,8 @@ class Cluster:
 
     async def adopt(self, conversation: Conversation) -> None:
         """A conversation just loaded: if its turn runs on another replica, follow it from here."""
+        if (finishing := self._finishing.get(conversation.id)) is not None:
+            await asyncio.shield(finishing)  # its turn just ended here: not one to follow
         try:
             holder = await self.link.holder(conversation.id)
         except (RedisError, OSError) as error:

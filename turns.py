@@ -61,8 +61,8 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         reply = turn.reply
         stats = {k: reply.meta.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
         turn.log.append(protocol.turn_end(turn.id, reply.status, reply.id, stats))
-        await state.coordinator.finished(conversation, turn)
-        conversation.end(turn)
+        conversation.end(turn)  # over here at once: a hello now gets it as history, not as running
+        await state.coordinator.finished(conversation, turn)  # and elsewhere once its end is copied
         state.metrics.turn_ended(turn)
         state.limits.running.remove(conversation.record.owner)
         state.hub.release(conversation)

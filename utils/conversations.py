@@ -256,16 +256,19 @@ class Hub:
     async def _load(self, conversation_id: str) -> Conversation | None:
         try:
             loaded = await self.store.load(conversation_id)
+            stored = loaded is not None
             if loaded is None:
                 # Made on another replica and not stored yet (no message so far)?
                 record = await self.coordinator.find_new(conversation_id) if self.coordinator else None
-                return None if record is None else self._keep(Conversation(record, [], False, self._new_log))
+                if record is None:
+                    return None
+                loaded = record, []  # its first turn may have started there, its rows not landed yet
             record, history = loaded
             for message in history:
                 # Not live here, so no turn is writing it: whatever cut it short, it was interrupted.
                 if message.status == "streaming":
                     message.status = "interrupted"
-            conversation = Conversation(record, history, new_log=self._new_log)
+            conversation = Conversation(record, history, stored=stored, new_log=self._new_log)
             if self.coordinator is not None:
                 await self.coordinator.adopt(conversation)  # its turn may run on another replica
             return self._keep(conversation)

@@ -23,7 +23,9 @@ from collections.abc import Callable
 from typing import Any
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError, RedisError
 
 from utils.turn_log import InProcessTurnLog
 
@@ -86,9 +88,12 @@ class RedisLink:
     def __init__(self, url: str, prefix: str, replica: str) -> None:
         self.replica = replica
         self.prefix = prefix
-        self.client = aioredis.from_url(url, socket_timeout=5, socket_connect_timeout=5, health_check_interval=10)
+        # A pooled connection that Redis closed (it restarted) is found out on use: the command is sent
+        # again once on a new connection rather than failing the turn that happened to draw it.
+        again = {"retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 2), "retry_on_error": [ConnectionError]}
+        self.client = aioredis.from_url(url, socket_timeout=5, socket_connect_timeout=5, **again)
         # XREAD BLOCK holds its connection: a connection of its own, so commands never wait behind it.
-        self.reader = aioredis.from_url(url, socket_connect_timeout=5, max_connections=1)
+        self.reader = aioredis.from_url(url, socket_connect_timeout=5, max_connections=1, **again)
         self.events = prefix + "events"
         self._append = self.client.register_script(APPEND)
         self._renew = self.client.register_script(RENEW)
@@ -160,8 +165,8 @@ class ProducedLog(InProcessTurnLog):
         self._on_failure = on_failure
         self._unsent: list[tuple[str, str]] = []
         self._ending = False  # turn_end is in: the next copy is the last, and lets the lease go
+        self._released = False
         self._flushing: asyncio.Task[None] | None = None
-        self.flushed_at = 0.0
 
     def _push(self, key: tuple[int, int], text: str) -> None:
         super()._push(key, text)
@@ -175,15 +180,24 @@ class ProducedLog(InProcessTurnLog):
         while self._unsent and self.failure is None:
             batch, self._unsent = self._unsent, []
             try:
-                await self.link.append(self.turn_id, self.conversation_id, self.lease, batch, self._ending)
-                self.flushed_at = time.monotonic()
+                last = self._ending
+                await self.link.append(self.turn_id, self.conversation_id, self.lease, batch, last)
+                self._released = last
             except (Fenced, RedisError, OSError) as error:
                 self.failure = error
                 self._unsent = []
                 self._on_failure(error)
 
+    async def copied(self) -> None:
+        """Wait until every entry so far is in Redis (or copying failed)."""
+        while self._flushing is not None and not self._flushing.done():
+            await asyncio.shield(self._flushing)
+
     async def finish(self) -> None:
         """turn_end is in the log: copy what is left, and with it let the turn's lease go."""
         self._ending = True
-        while self._flushing is not None and not self._flushing.done():
-            await asyncio.shield(self._flushing)
+        await self.copied()
+        if not self._released and self.failure is None:
+            # The last copy left before the turn knew it was the last: let the lease go on its own.
+            with contextlib.suppress(RedisError, OSError):
+                await self.link.renew(self.conversation_id, self.lease, 0)

@@ -1,0 +1,335 @@
+"""Two replicas on one PostgreSQL and one Redis, behind a real nginx (deploy/): each rule of issue 10's
+"Behaviour with several replicas", against the real servers."""
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
+
+from tests.cluster import Nginx, start_replica
+from tests.conftest import AppProcess, ChatClient, reply_text
+from tests.fake_openai import FakeOpenAI, Reply
+from tests.services import PrivateRedis
+from tests.test_protocol import wait_for
+
+TOKEN = "a-token-for-the-replicas-0123456789"
+
+
+@pytest.fixture
+def shared(fresh_postgres_url: str, redis_server: str, redis_prefix: str) -> dict[str, str]:
+    """What the replicas of one test share: a database and a Redis key prefix of its own, the token."""
+    return {
+        "POCKETCHAT_DATABASE_URL": fresh_postgres_url,
+        "POCKETCHAT_REDIS_URL": redis_server,
+        "POCKETCHAT_REDIS_PREFIX": redis_prefix,
+        "POCKETCHAT_TOKEN": TOKEN,
+    }
+
+
+@pytest.fixture
+def replicas(tmp_path: Path, fake: FakeOpenAI, shared: dict[str, str]) -> Iterator[list[AppProcess]]:
+    apps = [start_replica(tmp_path, fake.port, shared) for _ in range(2)]
+    yield apps
+    for app in apps:
+        app.kill()
+
+
+@pytest.fixture
+def balancer(tmp_path: Path, replicas: list[AppProcess]) -> Iterator[Nginx]:
+    nginx = Nginx(tmp_path / "nginx", [app.port for app in replicas]).start()
+    yield nginx
+    nginx.stop()
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def post(url: str, cookie: str = "", data: bytes = b"") -> urllib.error.HTTPError:
+    """A POST whose answer is a redirect (sign-in, sign-out): the answer, not where it points."""
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Cookie": cookie} if cookie else {})
+    with pytest.raises(urllib.error.HTTPError) as redirected:
+        urllib.request.build_opener(NoRedirect).open(request, timeout=10)
+    redirected.value.close()
+    assert redirected.value.code == 303
+    return redirected.value
+
+
+def sign_in(url: str) -> str:
+    """The session cookie a browser gets for the token (signed in on whichever replica answers)."""
+    return post(url + "/login", data=urlencode({"token": TOKEN}).encode()).headers["set-cookie"].split(";")[0]
+
+
+def health(app: AppProcess) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(app.url + "/healthz", timeout=10) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as answer:
+        with answer:
+            return answer.code, json.loads(answer.read())
+
+
+@pytest.fixture
+def cookie(replicas: list[AppProcess]) -> str:
+    return sign_in(replicas[0].url)
+
+
+def client(ws_url: str, cookie: str) -> ChatClient:
+    return ChatClient(connect(ws_url, additional_headers={"Cookie": cookie}, max_size=None, legacy=True))
+
+
+def chunks(frames: list[dict]) -> list[dict]:
+    return [f for f in frames if f["type"] == "chunk"]
+
+
+# 1. Any replica serves any conversation
+
+
+def test_two_tabs_on_two_replicas_see_one_stream_byte_for_byte(replicas, cookie, fake):
+    fake.queue(Reply(count=30, pace=0.01))
+    on_a, on_b = client(replicas[0].ws_url, cookie), client(replicas[1].ws_url, cookie)
+    session = on_a.hello()["session_id"]  # new, not stored yet: B finds it all the same
+    assert on_b.hello(session)["session_id"] == session
+    on_a.send("message", content="hello both replicas")
+    a_frames, b_frames = on_a.until("turn_end"), on_b.until("turn_end")
+    assert a_frames == b_frames and len(chunks(a_frames)) == 30
+    # and the other way round: a turn started on B reaches A
+    fake.queue(Reply(tokens=["back"]))
+    on_b.send("message", content="from B")
+    assert on_a.until("turn_end") == on_b.until("turn_end")
+    history = client(replicas[0].ws_url, cookie).hello(session)["history"]
+    assert [m["content"] for m in history] == ["hello both replicas", reply_text(a_frames), "from B", "back"]
+
+
+def test_a_client_hopping_replicas_every_few_chunks_ends_with_a_byte_identical_transcript(
+    replicas, balancer, cookie, fake
+):
+    fake.queue(Reply(count=120, pace=0.02))
+    watcher = client(replicas[0].ws_url, cookie)
+    session = watcher.hello()["session_id"]
+    watcher.send("message", content="a long answer, read from everywhere")
+    undisturbed = watcher.until("chunk")
+    text, hops, ended = "", 0, False
+    while not ended:
+        hopper = client(balancer.ws_url, cookie)  # round-robin: each hop lands on the other replica
+        ready = hopper.hello(session)
+        running = ready.get("running")
+        snapshot = running["content"] if running else ready["history"][-1]["content"]
+        # A follower's copy may be a chunk behind what the producer had sent: the client resumes from
+        # the snapshot, which agrees with what it had, one way or the other.
+        assert snapshot.startswith(text) or text.startswith(snapshot), "a hop lost or changed what the client had"
+        text, hops = snapshot, hops + 1
+        if running is None:
+            break
+        seq = running["seq"]
+        for _ in range(7):
+            frame = hopper.recv()
+            if frame["type"] == "chunk":
+                assert frame["seq"] == seq + 1  # nothing skipped, nothing twice
+                seq, text = frame["seq"], text + frame["content"]
+            ended = frame["type"] == "turn_end"
+            if ended:
+                break
+        hopper.close()
+    undisturbed += watcher.until("turn_end")
+    assert text == reply_text(undisturbed) == "".join(f"tok{i} " for i in range(1, 121))
+    assert hops >= 6
+    for replica in replicas:  # both served the hopper
+        assert replica.logs().count('"WebSocket /ws" [accepted]') >= 3
+
+
+# 2. One running turn per conversation, across replicas
+
+
+def test_a_message_on_b_while_a_turn_runs_on_a_is_turn_in_progress(replicas, cookie, fake):
+    fake.queue(Reply(count=40, pace=0.02))
+    on_a, on_b = client(replicas[0].ws_url, cookie), client(replicas[1].ws_url, cookie)
+    session = on_a.hello()["session_id"]
+    on_b.hello(session)
+    on_a.send("message", content="first")
+    on_b.until("chunk")
+    on_b.send("message", content="second, elsewhere")
+    refused = [f for f in on_b.until("error") if f["type"] == "error"][-1]
+    assert refused["code"] == "turn_in_progress"
+    assert on_a.until("turn_end")[-1]["status"] == "complete"
+    assert len(fake.chat_requests) == 1
+
+
+# 3. Stop from anywhere
+
+
+def test_a_stop_sent_to_b_ends_the_turn_on_a_and_the_provider_sees_its_connection_close(replicas, cookie, fake):
+    fake.queue(Reply(count=500, pace=0.02))
+    on_a, on_b = client(replicas[0].ws_url, cookie), client(replicas[1].ws_url, cookie)
+    session = on_a.hello()["session_id"]
+    on_b.hello(session)
+    on_a.send("message", content="go on and on")
+    turn_id = on_a.until("turn_start")[-1]["turn_id"]
+    on_b.until("chunk")
+    sent = time.monotonic()
+    on_b.send("stop", turn_id=turn_id)
+    end = on_a.until("turn_end")[-1]
+    took = time.monotonic() - sent
+    assert end["status"] == "stopped"
+    assert took < 1.0, f"the stop took {took:.3f} s"  # within 200 ms on a quiet machine; see the README
+    wait_for(lambda: fake.hangups == 1, timeout=2)
+    assert on_b.until("turn_end")[-1]["status"] == "stopped"
+
+
+# 4. Conversation events reach every replica
+
+
+def test_a_rename_a_model_change_and_a_delete_on_one_replica_reach_the_sockets_of_both(replicas, cookie):
+    on_a, on_b = client(replicas[0].ws_url, cookie), client(replicas[1].ws_url, cookie)
+    session = on_a.hello()["session_id"]
+    on_a.turn("something to keep")
+    on_b.hello(session)
+    changes = json.dumps({"title": "Renamed on B", "model": "fake-model-large", "system_prompt": "Be terse."})
+    patch = urllib.request.Request(
+        f"{replicas[1].url}/api/conversations/{session}",
+        data=changes.encode(),
+        method="PATCH",
+        headers={"Content-Type": "application/json", "Cookie": cookie},
+    )
+    urllib.request.urlopen(patch, timeout=10).close()
+    for socket in (on_a, on_b):
+        told = socket.until("conversation")[-1]
+        assert (told["title"], told["model"], told["system_prompt"]) == (
+            "Renamed on B",
+            "fake-model-large",
+            "Be terse.",
+        )
+    delete = urllib.request.Request(
+        f"{replicas[0].url}/api/conversations/{session}", method="DELETE", headers={"Cookie": cookie}
+    )
+    urllib.request.urlopen(delete, timeout=10).close()
+    for socket in (on_a, on_b):
+        assert socket.until("deleted")[-1]["session_id"] == session
+    on_b.send("hello", session_id=session)
+    assert on_b.recv()["code"] == "unknown_session"
+
+
+# 5. A replica that dies mid-turn is noticed
+
+
+def test_after_sigkill_of_the_producer_the_other_replica_ends_the_turn_interrupted_and_stores_it(
+    replicas, cookie, fake
+):
+    fake.queue(Reply(count=500, pace=0.02))
+    on_a, on_b = client(replicas[0].ws_url, cookie), client(replicas[1].ws_url, cookie)
+    session = on_a.hello()["session_id"]
+    on_b.hello(session)
+    on_a.send("message", content="this replica will die")
+    seen = []
+    for _ in range(20):
+        seen += on_b.until("chunk")
+    os.kill(replicas[0].process.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    rest = on_b.until("turn_end", timeout=10)
+    noticed = time.monotonic() - killed
+    assert rest[-1]["status"] == "interrupted"
+    assert noticed < 5, f"noticed after {noticed:.1f} s"
+    streamed = reply_text(seen + rest)
+    reply = client(replicas[1].ws_url, cookie).hello(session)["history"][-1]
+    assert reply["status"] == "interrupted" and reply["content"] == streamed and len(streamed) > 0
+
+
+# 6. Rolling restarts
+
+
+def test_sigterm_closes_the_sockets_with_1012_and_the_running_reply_finishes_and_is_stored(replicas, cookie, fake):
+    fake.queue(Reply(count=100, pace=0.03))
+    on_a, on_b = client(replicas[0].ws_url, cookie), client(replicas[1].ws_url, cookie)
+    session = on_a.hello()["session_id"]
+    on_b.hello(session)
+    on_a.send("message", content="finish me while you restart")
+    on_a.until("chunk")
+    replicas[0].process.send_signal(signal.SIGTERM)
+    with pytest.raises(ConnectionClosed) as closed:
+        on_a.until("turn_end")
+    assert closed.value.rcvd.code == 1012
+    # The page reconnects (here to the other replica) and follows the reply to its end.
+    back = client(replicas[1].ws_url, cookie)
+    ready = back.hello(session)
+    frames = back.until("turn_end", timeout=30)
+    assert frames[-1]["status"] == "complete"
+    so_far = ready["running"]["content"] if "running" in ready else ""
+    assert so_far + reply_text(frames) == "".join(f"tok{i} " for i in range(1, 101))
+    assert on_b.until("turn_end", timeout=30)[-1]["status"] == "complete"
+    replicas[0].process.wait(30)  # it exits once the reply is done
+    stored = client(replicas[1].ws_url, cookie).hello(session)["history"][-1]
+    assert stored["status"] == "complete" and stored["content"].endswith("tok100 ")
+
+
+def test_a_reply_longer_than_the_drain_timeout_is_stopped_and_stored(tmp_path, fake, shared, cookie, replicas):
+    draining = start_replica(tmp_path, fake.port, shared, "--drain-timeout", "1")
+    fake.queue(Reply(count=500, pace=0.02))
+    on_d, on_b = client(draining.ws_url, cookie), client(replicas[1].ws_url, cookie)
+    session = on_d.hello()["session_id"]
+    on_b.hello(session)
+    on_d.send("message", content="too long to wait for")
+    on_d.until("chunk")
+    draining.process.send_signal(signal.SIGTERM)
+    assert on_b.until("turn_end", timeout=30)[-1]["status"] == "stopped"
+    draining.process.wait(30)
+    stored = client(replicas[1].ws_url, cookie).hello(session)["history"][-1]
+    assert stored["status"] == "stopped" and stored["content"]
+
+
+# 7. Redis outages
+
+
+def test_a_redis_outage_ends_the_running_turn_with_an_error_refuses_new_ones_then_works_again(
+    tmp_path, fake, shared, private_redis: PrivateRedis
+):
+    app = start_replica(tmp_path, fake.port, {**shared, "POCKETCHAT_REDIS_URL": private_redis.url})
+    socket = client(app.ws_url, sign_in(app.url))
+    session = socket.hello()["session_id"]
+    assert socket.turn("before the outage")[-1]["status"] == "complete"
+    fake.queue(Reply(count=500, pace=0.02))
+    socket.send("message", content="during the outage")
+    socket.until("chunk")
+    private_redis.stop()
+    frames = socket.until("turn_end", timeout=30)
+    error = next(f for f in frames if f["type"] == "error")
+    assert "Redis" in error["message"] and frames[-1]["status"] == "error"
+    socket.send("message", content="while Redis is down")
+    refused = socket.until("error")[-1]
+    assert refused["code"] == "unavailable" and "Redis" in refused["message"]
+    status, body = health(app)
+    assert status == 503 and body["redis"].startswith("failing")
+    private_redis.start()  # back, on the same port
+    wait_for(lambda: health(app)[0] == 200, timeout=20)
+    after = socket.turn("after the outage")
+    assert after[-1]["status"] == "complete", [f for f in after if f["type"] == "error"]
+    history = socket.hello(session)["history"]
+    assert [m["content"] for m in history if m["role"] == "user"] == [
+        "before the outage",
+        "during the outage",
+        "after the outage",
+    ]
+    assert history[3]["status"] == "error" and history[3]["content"]  # what streamed before is kept
+    app.kill()
+
+
+# 8. Shared sessions
+
+
+def test_a_session_made_on_one_replica_works_on_the_other_and_signing_out_closes_sockets_everywhere(replicas):
+    cookie = sign_in(replicas[0].url)
+    on_b = client(replicas[1].ws_url, cookie)
+    assert on_b.hello()["type"] == "ready"
+    post(replicas[0].url + "/logout", cookie)
+    with pytest.raises(ConnectionClosed) as closed:
+        on_b.recv(15)  # B notices within seconds
+    assert closed.value.rcvd.code == 4401
