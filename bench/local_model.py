@@ -1,7 +1,10 @@
-"""Embedded-model benchmark: tokens/s and time to first token through the whole app (WebSocket,
-flow, worker thread), against llama_cpp called directly in this process, in the same run, with
-medians over alternating repetitions; the peak memory of the server process; and how often replies
-repeat themselves under llama_cpp's default sampling and under the app's.
+"""Embedded-model benchmark, in one run:
+
+- speed: tokens/s and time to first token through the whole app (WebSocket, flow, worker thread,
+  the prompt evaluated in slices), against llama_cpp called directly in this process, for a short
+  and a long prompt, medians over alternating repetitions; and the peak memory of the server;
+- repetition: the share of repeated 4-grams of words in replies to ten plain questions, under
+  llama_cpp's default sampling (the app's before) and under the app's, with a fixed seed.
 
     .venv/bin/python -m bench.local_model [--repeat 5] [--max-tokens 128] [--reply-tokens 200] [--seed 42]
 """
@@ -20,9 +23,14 @@ from websockets.sync.client import connect
 from tests.conftest import AppProcess
 from utils.local_provider import CONTEXT_TOKENS, SAMPLING, default_model_path
 
-SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
-MESSAGES = [SYSTEM, {"role": "user", "content": "Write a long story about a lighthouse keeper."}]
-# The speed runs are greedy on both sides, with the app's penalties on both, so both write the same text.
+SYSTEM = {"role": "system", "content": "You are a helpful assistant."}  # the app's default system prompt
+PROMPTS = {
+    "short prompt": "Write a long story about a lighthouse keeper.",
+    # About 1,100 tokens: 17 slices for the app, 3 batches for llama_cpp.
+    "long prompt": "Summarize this log.\n"
+    + "\n".join(f"Night {n}: the keeper lit the lamp at dusk and trimmed the wick." for n in range(60)),
+}
+# The speed runs are greedy on both sides, with the app's repeat penalty on both: the same text.
 GREEDY = {**SAMPLING, "temperature": 0}
 # Plain requests, as people type them to the demo model.
 QUESTIONS = [
@@ -37,8 +45,10 @@ QUESTIONS = [
     "How do plants make food?",
     "Tell me about dogs.",
 ]
-# What create_chat_completion uses when given no sampling: the embedded provider's choice before.
+# No sampling arguments: create_chat_completion's own (temperature 0.2, top_p 0.95, top_k 40,
+# min_p 0.05, no repeat penalty), which the app used before.
 LLAMA_CPP_DEFAULTS: dict[str, float] = {}
+Timing = tuple[float, float]  # time to first token in ms, tokens/s after it
 
 
 def peak_rss_mib(pid: int | str = "self") -> float:
@@ -60,10 +70,11 @@ def repeated_4gram_share(text: str) -> float:
     return repeated / max(len(words) - 3, 1)
 
 
-def direct(llama: llama_cpp.Llama, max_tokens: int) -> tuple[float, float]:
+def direct(llama: llama_cpp.Llama, content: str, max_tokens: int) -> Timing:
+    messages = [SYSTEM, {"role": "user", "content": content}]
     start = time.perf_counter()
     first, tokens = None, 0
-    for chunk in llama.create_chat_completion(MESSAGES, stream=True, max_tokens=max_tokens, **GREEDY):
+    for chunk in llama.create_chat_completion(messages, stream=True, max_tokens=max_tokens, **GREEDY):
         if chunk["choices"][0]["delta"].get("content"):
             first = first or time.perf_counter()
             tokens += 1
@@ -71,13 +82,13 @@ def direct(llama: llama_cpp.Llama, max_tokens: int) -> tuple[float, float]:
     return (first - start) * 1000, tokens / (end - first)
 
 
-def through_app(ws_url: str) -> tuple[float, float]:
+def through_app(ws_url: str, content: str) -> Timing:
     with connect(ws_url) as ws:
         ws.send('{"type":"hello"}')
         while json.loads(ws.recv())["type"] != "ready":
             pass
         start = time.perf_counter()
-        ws.send(json.dumps({"type": "message", "content": MESSAGES[1]["content"]}))
+        ws.send(json.dumps({"type": "message", "content": content}))
         first = None
         while True:
             frame = json.loads(ws.recv())
@@ -89,20 +100,23 @@ def through_app(ws_url: str) -> tuple[float, float]:
                 return (first - start) * 1000, frame["usage"]["completion_tokens"] / (end - first)
 
 
-def speed(args: argparse.Namespace, llama: llama_cpp.Llama) -> tuple[dict[str, list[tuple[float, float]]], float]:
-    """Alternating runs through the app and direct; and the server's peak memory."""
+def speed(args: argparse.Namespace, llama: llama_cpp.Llama) -> tuple[dict[tuple[str, str], list[Timing]], float]:
+    """Alternating runs, direct and through the app, of each prompt; and the server's peak memory.
+
+    Each side alternates between the prompts, so neither finds the long one already in its cache."""
     with tempfile.TemporaryDirectory() as tmp:
         server = AppProcess(
             Path(tmp), ["--provider", "local", "--temperature", "0", "--max-tokens", str(args.max_tokens)]
         )
         try:
             server.start()
-            through_app(server.ws_url)  # warm both: weights loaded, caches filled
-            direct(llama, args.max_tokens)
-            results: dict[str, list[tuple[float, float]]] = {"llama_cpp": [], "app": []}
+            through_app(server.ws_url, PROMPTS["short prompt"])  # warm both: weights loaded, caches filled
+            direct(llama, PROMPTS["short prompt"], args.max_tokens)
+            results: dict[tuple[str, str], list[Timing]] = {}
             for _ in range(args.repeat):
-                results["llama_cpp"].append(direct(llama, args.max_tokens))
-                results["app"].append(through_app(server.ws_url))
+                for prompt, content in PROMPTS.items():
+                    results.setdefault(("llama_cpp", prompt), []).append(direct(llama, content, args.max_tokens))
+                    results.setdefault(("app", prompt), []).append(through_app(server.ws_url, content))
             assert server.process is not None
             return results, peak_rss_mib(server.process.pid)
         finally:
@@ -119,21 +133,28 @@ def repetition(llama: llama_cpp.Llama, sampling: dict[str, Any], tokens: int, se
     return shares
 
 
-def report_speed(args: argparse.Namespace, results: dict[str, list[tuple[float, float]]], server_peak: float) -> None:
-    medians = {
-        who: (statistics.median(r[0] for r in rs), statistics.median(r[1] for r in rs)) for who, rs in results.items()
-    }
+def describe(sampling: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value}" for name, value in sampling.items()) or "llama_cpp's defaults"
+
+
+def median(timings: list[Timing]) -> Timing:
+    return statistics.median(t[0] for t in timings), statistics.median(t[1] for t in timings)
+
+
+def report_speed(args: argparse.Namespace, results: dict[tuple[str, str], list[Timing]], server_peak: float) -> None:
     print(
-        f"SmolLM2-135M-Instruct Q4_1, {args.max_tokens} tokens max, temperature 0 (top_p 0.9, repeat penalty 1.1), "
-        f"{args.repeat} runs each, medians\n"
+        f"SmolLM2-135M-Instruct Q4_1, {args.max_tokens} tokens max, {describe(GREEDY)}, "
+        f"{args.repeat} runs each, medians"
     )
-    for who, (ttft, rate) in medians.items():
-        print(f"{who:>10}: time to first token {ttft:7.1f} ms, {rate:6.1f} tokens/s")
-    (app_ttft, app_rate), (base_ttft, base_rate) = medians["app"], medians["llama_cpp"]
-    print(
-        f"\nratio app/llama_cpp: tokens/s x{app_rate / base_rate:.2f}, time to first token x{app_ttft / base_ttft:.2f}"
-    )
-    print(f"peak memory (VmHWM) of the server process: {server_peak:.0f} MiB")
+    for prompt in PROMPTS:
+        base_ttft, base_rate = median(results["llama_cpp", prompt])
+        app_ttft, app_rate = median(results["app", prompt])
+        print(f"\n{prompt}:")
+        print(f" llama_cpp: time to first token {base_ttft:7.1f} ms, {base_rate:6.1f} tokens/s")
+        print(f"       app: time to first token {app_ttft:7.1f} ms, {app_rate:6.1f} tokens/s")
+        print(f"ratio app/llama_cpp: tokens/s x{app_rate / base_rate:.2f}, first token x{app_ttft / base_ttft:.2f}")
+    print(f"\npeak memory (VmHWM) of the server process: {server_peak:.0f} MiB")
+    print(f"peak memory of this process (Python + llama_cpp + the same model): {peak_rss_mib():.0f} MiB")
 
 
 def report_repetition(args: argparse.Namespace, before: list[float], after: list[float]) -> None:
@@ -145,11 +166,11 @@ def report_repetition(args: argparse.Namespace, before: list[float], after: list
     for question, old, new in zip(QUESTIONS, before, after, strict=True):
         print(f"{question:<48} {old:6.2f} {new:6.2f}")
     print()
-    for name, sampling, shares in (("before", "llama_cpp's defaults", before), ("after", SAMPLING, after)):
+    for name, sampling, shares in (("before", LLAMA_CPP_DEFAULTS, before), ("after", SAMPLING, after)):
         looping = sum(share > 0.2 for share in shares)
         print(
-            f"{name:>6} ({sampling}): mean {statistics.mean(shares):.2f}, median {statistics.median(shares):.2f}, "
-            f"{looping} of {len(shares)} replies over 0.2"
+            f"{name:>6} ({describe(sampling)}): mean {statistics.mean(shares):.2f}, "
+            f"median {statistics.median(shares):.2f}, {looping} of {len(shares)} replies over 0.2"
         )
 
 
@@ -165,7 +186,6 @@ def main() -> None:
     before = repetition(llama, LLAMA_CPP_DEFAULTS, args.reply_tokens, args.seed)
     after = repetition(llama, SAMPLING, args.reply_tokens, args.seed)
     report_speed(args, results, server_peak)
-    print(f"peak memory of this process (Python + llama_cpp + the same model): {peak_rss_mib():.0f} MiB")
     report_repetition(args, before, after)
 
 
