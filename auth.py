@@ -261,12 +261,12 @@ async def login_form(request: Request) -> Response:
 async def _sign_in(request: Request, token: str, failed: Response) -> Response:
     sign_in: SignIn = request.app.state.chat.sign_in
     visitor = visitor_of(request)
-    if wait := sign_in.limits.sign_in_wait(visitor.address):
+    if wait := await sign_in.limits.sign_in_wait(visitor.address):
         seconds = str(max(1, math.ceil(wait)))
         error = f"Too many wrong tokens from your address: try again in {seconds} s."
         return login_page(request, 429, error, **{"Retry-After": seconds})
     if not sign_in.token_matches(token):
-        sign_in.limits.failed_sign_in(visitor.address)
+        await sign_in.limits.failed_sign_in(visitor.address)
         logger.warning("a wrong sign-in token from %s", visitor.address)
         return failed
     response = RedirectResponse("/", status_code=303)

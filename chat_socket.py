@@ -219,7 +219,7 @@ class Client:
             if turn is not None and frame.turn_id in (None, turn.id):
                 self.state.coordinator.stop(turn)  # here, or on the replica that runs it
             return
-        self.state.limits.check_message(self.user)
+        await self.state.limits.check_message(self.user)
         begin: Callable[[TurnIds], Turn]
         if isinstance(frame, protocol.Message):
             conversation = conversation or await self.hello(None)
@@ -234,7 +234,10 @@ class Client:
 
     async def hello(self, session_id: str | None) -> Conversation:
         state = self.state
-        conversation = await state.hub.open(session_id, self.user) if session_id else state.new_conversation(self.user)
+        if session_id:
+            conversation = await state.hub.open(session_id, self.user)
+        else:
+            conversation = await state.new_conversation(self.user)
         self._attach(conversation)
         frame, log, after_seq = conversation.ready_frame(self.state.provider.describe())
         self.send(frame)
@@ -267,7 +270,7 @@ async def chat_socket(websocket: WebSocket) -> None:
     assert user is not None  # the sign-in middleware let no one else through
     await websocket.accept()
     try:
-        state.limits.take_socket(user)
+        await state.limits.take_socket(user)
     except RateLimited as limited:
         await websocket.send_text(protocol.encode(protocol.error(limited)))
         await websocket.close(1013)
@@ -280,6 +283,6 @@ async def chat_socket(websocket: WebSocket) -> None:
         await client.serve()
     finally:
         state.metrics.sockets.dec()
-        state.limits.sockets.remove(user)
+        await state.limits.socket_closed(user)
         if visitor.session_id is not None:
             state.remove_socket(visitor.session_id, client)

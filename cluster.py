@@ -30,6 +30,7 @@ from utils import protocol
 from utils.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn
 from utils.messages import ConversationRecord, Message, new_id
 from utils.protocol import TurnInProgress, Unavailable
+from utils.redis_limits import RedisCounters
 from utils.redis_log import RENEW_SECONDS, Fenced, ProducedLog, RedisLink
 from utils.store import Store
 from utils.turn_log import InProcessTurnLog, TurnLog, parse_key
@@ -39,6 +40,7 @@ logger = logging.getLogger("pocketchat")
 WATCH_SECONDS = 0.5  # how often leases of turns running elsewhere are checked
 READ_BLOCK_MS = 100  # a newly mirrored stream joins the next read within this
 UNSTORED_KEEP = int(UNSTORED_KEEP_SECONDS)
+HEARTBEAT_SECONDS = 2.0  # well within utils/redis_limits.HEARTBEAT_MS
 DELETE_MS = 30_000  # a deleted conversation's lease is held this long: no turn starts on it meanwhile
 LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
 TAKEN_OVER = "The replica writing this reply stopped; the reply so far is kept."
@@ -112,6 +114,7 @@ class Cluster:
         self._mirrors: dict[str, Mirror] = {}
         self._elsewhere: dict[str, tuple[str, str]] = {}  # turns running anywhere else: (conversation, reply)
         self._finishing: dict[str, asyncio.Future[None]] = {}  # by conversation: a turn copying its end
+        self._claims: dict[str, tuple[str, str]] = {}  # turn id: (conversation, lease), until its log is made
         self._events_from = "0-0"
         self.on_lag: Callable[[float], None] | None = None  # told how far behind the producer a read was
         self._tasks: list[asyncio.Task[None]] = []
@@ -132,6 +135,7 @@ class Cluster:
 
     async def start(self) -> None:
         try:
+            await RedisCounters(self.link).heartbeat()  # this replica's sockets and turns count at once
             self._events_from = await self.link.last_event_id()
             await self._find_running_turns()
         except (RedisError, OSError) as error:
@@ -157,7 +161,8 @@ class Cluster:
     # ---- turns that run here -------------------------------------------------------------------
 
     def new_log(self, turn_id: str) -> TurnLog:
-        return ProducedLog(turn_id, self.link, lambda error: self._lost(turn_id, error))
+        conversation_id, lease = self._claims.pop(turn_id, ("", ""))  # the log is born holding its lease
+        return ProducedLog(turn_id, conversation_id, lease, self.link, lambda error: self._lost(turn_id, error))
 
     async def claim(self, conversation: Conversation, turn_id: str, reply_id: str) -> str:
         """Take the conversation's lease for a new turn: the one arbiter of a running turn, cluster-wide."""
@@ -173,9 +178,11 @@ class Cluster:
             ) from None
         if not taken:
             raise TurnInProgress("A reply is still being written; stop it or wait for it to finish.")
+        self._claims[turn_id] = (conversation.id, lease)
         return lease
 
     def release_claim(self, conversation: Conversation, lease: str) -> None:
+        self._claims.pop(lease.partition(" ")[0], None)
         self._background(self._release(conversation.id, lease))
 
     async def _release(self, conversation_id: str, lease: str) -> None:
@@ -183,14 +190,12 @@ class Cluster:
             await self.link.renew(conversation_id, lease, 0)
 
     async def started(self, conversation: Conversation, turn: Turn, lease: str) -> None:
-        log = turn.log
-        assert isinstance(log, ProducedLog)
-        log.conversation_id, log.lease = conversation.id, lease  # before the first copy, next tick
         renewal = asyncio.create_task(self._renew(turn, conversation.id, lease))
         self._produced[turn.id] = (turn, renewal)
         event = {"kind": "turn", "conversation": conversation.id, "turn": turn.id, "reply": turn.reply.id}
         try:
-            await log.copied()  # turn_start first: a replica told of the turn finds it in the stream
+            assert isinstance(turn.log, ProducedLog)
+            await turn.log.copied()  # turn_start first: a replica told of the turn finds it in the stream
             await self.link.publish(event)
         except (RedisError, OSError) as error:
             self._lost(turn.id, error)
@@ -411,9 +416,15 @@ class Cluster:
                         self.on_lag(time.time() - float(decoded[-1][1][b"t"]))
 
     async def _watch(self) -> None:
-        """Notice turns whose producer died (its lease expired) and end them `interrupted`."""
+        """Keep this replica's heartbeat, and notice turns whose producer died (its lease expired) and
+        end them `interrupted`."""
+        beat = 0.0
         while True:
             await asyncio.sleep(WATCH_SECONDS)
+            if time.monotonic() - beat > HEARTBEAT_SECONDS:
+                with contextlib.suppress(RedisError, OSError):
+                    await RedisCounters(self.link).heartbeat()
+                    beat = time.monotonic()
             turns = list(self._elsewhere.items())
             if not turns:
                 continue

@@ -11,10 +11,11 @@ from auth import SignIn
 from cluster import Cluster, SingleProcess
 from utils import protocol
 from utils.conversations import Conversation, Hub
-from utils.limits import Limits
+from utils.limits import Limits, LocalCounters
 from utils.llm_stream import ChatProvider
 from utils.metrics import Metrics
 from utils.protocol import ProviderError
+from utils.redis_limits import RedisCounters
 from utils.settings import Settings
 from utils.store import Store
 
@@ -37,7 +38,8 @@ class AppState:
         if settings.redis_url is not None:
             self.coordinator = Cluster(settings.redis_url.get_secret_value(), settings.redis_prefix, self.hub, store)
             self.hub.coordinator = self.coordinator
-        self.limits = Limits(settings)
+        counters = RedisCounters(self.coordinator.link) if isinstance(self.coordinator, Cluster) else LocalCounters()
+        self.limits = Limits(settings, counters)
         self.metrics = Metrics(lambda: sum(1 for turn in self.hub.running_turns if turn.task is not None))
         store.timing = self.metrics.store_writes.observe
         if isinstance(self.coordinator, Cluster):
@@ -54,10 +56,10 @@ class AppState:
         await self.sign_in.start()
         self._session_watch = asyncio.create_task(self._close_sockets_of_dead_sessions())
 
-    def new_conversation(self, owner: str) -> Conversation:
+    async def new_conversation(self, owner: str) -> Conversation:
         """A new conversation. Its model is the provider's default when known; a new chat never waits
         for the provider to say which (an unanswering one would hold `ready` for the idle limit)."""
-        self.limits.take_conversation(owner)
+        await self.limits.take_conversation(owner)
         if self.default_model is None:
             self.resolve_default_model()
         return self.hub.create(owner, self.default_model or "", self.settings.system_prompt)

@@ -26,7 +26,7 @@ async def begin_turn(state: AppState, conversation: Conversation, begin: Callabl
     except BaseException:
         state.coordinator.release_claim(conversation, lease)
         raise
-    state.limits.count_message(user)
+    await state.limits.count_message(user)
     turn.task = asyncio.create_task(run_turn(state, conversation, turn, lease))
 
 
@@ -60,11 +60,12 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         await asyncio.gather(opened, return_exceptions=True)  # a failed write is logged by the store
         reply = turn.reply
         stats = {k: reply.meta.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
+        # Counted out before its end is seen: the user's next message must not find it still running.
+        await state.limits.turn_ended(conversation.record.owner)
         turn.log.append(protocol.turn_end(turn.id, reply.status, reply.id, stats))
         conversation.end(turn)  # over here at once: a hello now gets it as history, not as running
         await state.coordinator.finished(conversation, turn)  # and elsewhere once its end is copied
         state.metrics.turn_ended(turn)
-        state.limits.running.remove(conversation.record.owner)
         state.hub.release(conversation)
         logger.info(
             "turn %s conversation %s… status=%s chunks=%d ttft_ms=%s duration_ms=%d usage=%s",

@@ -83,7 +83,7 @@ async def drop_database(name: str) -> None:
         await admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')  # a test may have refused them
         ended = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()"
         await admin.execute(ended, name)
-        await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # an app may reconnect meanwhile
     finally:
         await admin.close()
 

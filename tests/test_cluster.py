@@ -7,7 +7,7 @@ import signal
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -40,6 +40,20 @@ def replicas(tmp_path: Path, fake: FakeOpenAI, shared: dict[str, str]) -> Iterat
     apps = [start_replica(tmp_path, fake.port, shared) for _ in range(2)]
     yield apps
     for app in apps:
+        app.kill()
+
+
+@pytest.fixture
+def another_replica(tmp_path: Path, fake: FakeOpenAI, shared: dict[str, str]) -> Iterator[Callable[..., AppProcess]]:
+    """Start a replica with settings of its own (killed at the end, whatever happened)."""
+    started: list[AppProcess] = []
+
+    def start(*args: str, **settings: str) -> AppProcess:
+        started.append(start_replica(tmp_path, fake.port, {**shared, **settings}, *args))
+        return started[-1]
+
+    yield start
+    for app in started:
         app.kill()
 
 
@@ -271,8 +285,8 @@ def test_sigterm_closes_the_sockets_with_1012_and_the_running_reply_finishes_and
     assert stored["status"] == "complete" and stored["content"].endswith("tok100 ")
 
 
-def test_a_reply_longer_than_the_drain_timeout_is_stopped_and_stored(tmp_path, fake, shared, cookie, replicas):
-    draining = start_replica(tmp_path, fake.port, shared, "--drain-timeout", "1")
+def test_a_reply_longer_than_the_drain_timeout_is_stopped_and_stored(another_replica, fake, cookie, replicas):
+    draining = another_replica("--drain-timeout", "1")
     fake.queue(Reply(count=500, pace=0.02))
     on_d, on_b = client(draining.ws_url, cookie), client(replicas[1].ws_url, cookie)
     session = on_d.hello()["session_id"]
@@ -290,9 +304,9 @@ def test_a_reply_longer_than_the_drain_timeout_is_stopped_and_stored(tmp_path, f
 
 
 def test_a_redis_outage_ends_the_running_turn_with_an_error_refuses_new_ones_then_works_again(
-    tmp_path, fake, shared, private_redis: PrivateRedis
+    another_replica, fake, private_redis: PrivateRedis
 ):
-    app = start_replica(tmp_path, fake.port, {**shared, "POCKETCHAT_REDIS_URL": private_redis.url})
+    app = another_replica(POCKETCHAT_REDIS_URL=private_redis.url)
     socket = client(app.ws_url, sign_in(app.url))
     session = socket.hello()["session_id"]
     assert socket.turn("before the outage")[-1]["status"] == "complete"
@@ -319,10 +333,38 @@ def test_a_redis_outage_ends_the_running_turn_with_an_error_refuses_new_ones_the
         "after the outage",
     ]
     assert history[3]["status"] == "error" and history[3]["content"]  # what streamed before is kept
-    app.kill()
 
 
-# 8. Shared sessions
+# 8. Shared sessions and limits
+
+
+def test_a_users_limits_hold_across_replicas(another_replica):
+    limits = {"POCKETCHAT_LIMIT_SOCKETS": "1", "POCKETCHAT_LIMIT_MESSAGES_PER_MINUTE": "1"}
+    a, b = another_replica(**limits), another_replica(**limits)
+    cookie = sign_in(a.url)
+    on_a = client(a.ws_url, cookie)
+    on_a.hello()
+    on_b = client(b.ws_url, cookie)  # the user's second socket, on the other replica
+    assert on_b.recv()["code"] == "rate_limited"
+    assert on_a.turn("my one message this minute")[-1]["status"] == "complete"
+    on_a.close()
+    served: list[ChatClient] = []
+    wait_for(lambda: _served(b, cookie, served))  # the closed socket frees its place, on the other replica too
+    on_b = served[0]
+    on_b.send("message", content="a second message, elsewhere")
+    refused = on_b.recv()
+    assert refused["code"] == "rate_limited" and 50 <= refused["retry_after"] <= 60
+
+
+def _served(app: AppProcess, cookie: str, served: list[ChatClient]) -> bool:
+    """Whether a new socket is served now; a served one is kept in `served`."""
+    socket = client(app.ws_url, cookie)
+    socket.send("hello")
+    if socket.recv()["type"] != "ready":
+        socket.close()
+        return False
+    served.append(socket)
+    return True
 
 
 def test_a_session_made_on_one_replica_works_on_the_other_and_signing_out_closes_sockets_everywhere(replicas):

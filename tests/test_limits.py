@@ -4,9 +4,12 @@ and the socket stays open (over the socket limit, the new socket is told and clo
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from tests.conftest import reply_text
+from tests.conftest import MODES, reply_text
 from tests.fake_openai import Reply
 from tests.test_protocol import wait_for
+
+# The limits hold in both modes: counted in the process, or in Redis across replicas.
+pytestmark = pytest.mark.parametrize("mode", MODES, indirect=True)
 
 
 def refused(frames: list[dict]) -> dict:

@@ -156,11 +156,13 @@ class ProducedLog(InProcessTurnLog):
     copied to the turn's Redis stream once per event-loop tick, in order, as one scripted call that
     checks the lease. `failure` says why copying stopped (the lease was lost, or Redis failed)."""
 
-    def __init__(self, turn_id: str, link: RedisLink, on_failure: Callable[[Exception], None]) -> None:
+    def __init__(
+        self, turn_id: str, conversation_id: str, lease: str, link: RedisLink, on_failure: Callable[[Exception], None]
+    ) -> None:
         super().__init__(turn_id)
         self.link = link
-        self.conversation_id = ""
-        self.lease = ""  # set when the turn's lease is held
+        self.conversation_id = conversation_id
+        self.lease = lease
         self.failure: Exception | None = None
         self._on_failure = on_failure
         self._unsent: list[tuple[str, str]] = []
