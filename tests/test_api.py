@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import MODES
+from tests.conftest import API_KEY, MODES
 from tests.fake_openai import Reply
 
 # Every rule holds in both modes: one process on SQLite, and a replica on PostgreSQL and Redis.
@@ -123,3 +123,21 @@ def test_the_health_check_says_ok_with_its_parts(app, mode):
     parts = {"status": "ok", "store": "ok", **({"redis": "ok"} if mode == "replicas" else {})}
     assert app.get("/healthz") == {**parts, "provider": "openai", "running_turns": 0}
     assert app.get("/livez") == {"status": "alive"}
+
+
+def test_metrics_count_turns_chunks_and_provider_errors_and_show_no_secret(app, fake):
+    client = app.client()
+    client.hello()
+    client.turn("one")
+    fake.queue(Reply(status=401, message="bad key"))
+    client.turn("two")
+    with urllib.request.urlopen(app.url + "/metrics", timeout=10) as answer:
+        assert answer.headers["content-type"].startswith("text/plain")
+        text = answer.read().decode()
+    lines = dict(line.rsplit(" ", 1) for line in text.splitlines() if line and not line.startswith("#"))
+    assert float(lines["pocketchat_chunks_total"]) == 5
+    assert float(lines["pocketchat_running_turns"]) == 0 and float(lines["pocketchat_open_sockets"]) == 1
+    assert float(lines["pocketchat_first_chunk_seconds_count"]) == 1
+    assert float(lines['pocketchat_provider_errors_total{kind="http_401"}']) == 1
+    assert float(lines["pocketchat_store_write_seconds_count"]) >= 2
+    assert API_KEY not in text and "bad key" not in text

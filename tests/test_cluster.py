@@ -9,19 +9,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from urllib.parse import urlencode
 
 import pytest
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from tests.cluster import Nginx, start_replica
+from tests.cluster import TOKEN, Nginx, post, sign_in, start_replica
 from tests.conftest import AppProcess, ChatClient, reply_text
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.services import PrivateRedis
 from tests.test_protocol import wait_for
-
-TOKEN = "a-token-for-the-replicas-0123456789"
 
 
 @pytest.fixture
@@ -62,26 +59,6 @@ def balancer(tmp_path: Path, replicas: list[AppProcess]) -> Iterator[Nginx]:
     nginx = Nginx(tmp_path / "nginx", [app.port for app in replicas]).start()
     yield nginx
     nginx.stop()
-
-
-class NoRedirect(urllib.request.HTTPRedirectHandler):
-    def redirect_request(self, *args: object, **kwargs: object) -> None:
-        return None
-
-
-def post(url: str, cookie: str = "", data: bytes = b"") -> urllib.error.HTTPError:
-    """A POST whose answer is a redirect (sign-in, sign-out): the answer, not where it points."""
-    request = urllib.request.Request(url, data=data, method="POST", headers={"Cookie": cookie} if cookie else {})
-    with pytest.raises(urllib.error.HTTPError) as redirected:
-        urllib.request.build_opener(NoRedirect).open(request, timeout=10)
-    redirected.value.close()
-    assert redirected.value.code == 303
-    return redirected.value
-
-
-def sign_in(url: str) -> str:
-    """The session cookie a browser gets for the token (signed in on whichever replica answers)."""
-    return post(url + "/login", data=urlencode({"token": TOKEN}).encode()).headers["set-cookie"].split(";")[0]
 
 
 def health(app: AppProcess) -> tuple[int, dict]:

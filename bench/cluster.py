@@ -1,0 +1,248 @@
+"""Replicas benchmark: conversations each with a socket that sends the message and a follower socket,
+through the whole app, in three ways measured in the same run:
+
+- `direct`: the leanest read of the fake provider (aiohttp reading the SSE lines, no SDK, no app);
+- `single`: one process on SQLite, both sockets on it;
+- `replicas`: two replicas on PostgreSQL and Redis behind nginx (deploy/), the two sockets of a
+  conversation on different replicas (round-robin), so every chunk crosses Redis to the follower.
+
+It reports time to first chunk (p50, p99) at the sending socket, wall time, chunks/s and the app
+processes' CPU time per chunk, checks that every reply arrived complete and in order on both
+sockets, and prints replicas/single ratios (target at 300: p99 first chunk within 3x, wall within
+1.5x, no failure). Last, it measures what batching the Redis copies once per event-loop tick saves
+over one XADD per chunk.
+
+    .venv/bin/python -m bench.cluster [--conversations 300] [--repeat 3]
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import psutil
+import redis.asyncio as aioredis
+import uvloop
+import websockets
+
+from tests.cluster import TOKEN, Nginx, sign_in, start_replica
+from tests.conftest import NO_LIMITS, ROOT, AppProcess
+from tests.services import REDIS_URL, free_port, fresh_database
+from utils.redis_log import ProducedLog, RedisLink
+
+TOKENS = 100
+PACE_MS = 20
+EXPECTED = "".join(f"tok{i} " for i in range(1, TOKENS + 1))
+
+
+@dataclass
+class Run:
+    ttfts: list[float]
+    wall: float
+    chunks: int
+    failures: int
+    cpu: float  # seconds of the app processes' CPU
+
+    def p(self, q: float) -> float:
+        ordered = sorted(self.ttfts)
+        return ordered[min(int(q * len(ordered)), len(ordered) - 1)] * 1000 if ordered else float("nan")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+
+
+async def direct(fake_url: str, n: int) -> Run:
+    """The leanest read: aiohttp, the SSE lines parsed by hand."""
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    async with aiohttp.ClientSession() as session:
+
+        async def one() -> tuple[float | None, int, bool]:
+            start, first, text = time.perf_counter(), None, []
+            async with session.post(f"{fake_url}/chat/completions", json=body) as response:
+                async for line in response.content:
+                    if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                        continue
+                    choices = json.loads(line[6:])["choices"]
+                    if choices and (piece := choices[0]["delta"].get("content")):
+                        first = first or time.perf_counter() - start
+                        text.append(piece)
+            return first, len(text), "".join(text) == EXPECTED
+
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+        return summarize(results, [], time.perf_counter() - start, 0.0)
+
+
+async def follow(ws: websockets.ClientConnection, start: float | None) -> tuple[float | None, int, bool]:
+    """Read one turn on a socket: time to its first chunk (from `start`), chunks, complete and in order."""
+    first, text, seqs = None, [], []
+    while True:
+        frame = json.loads(await ws.recv())
+        if frame["type"] == "chunk":
+            if start is not None and first is None:
+                first = time.perf_counter() - start
+            text.append(frame["content"])
+            seqs.append(frame["seq"])
+        elif frame["type"] == "turn_end":
+            ok = frame["status"] == "complete" and seqs == list(range(1, TOKENS + 1)) and "".join(text) == EXPECTED
+            return first, len(seqs), ok
+
+
+async def through_app(url: str, n: int, pids: list[int], headers: dict[str, str]) -> Run:
+    """n conversations: a socket sends the message, a second socket (the next connection: with
+    replicas, nginx's round-robin puts it on the other replica) follows the same reply."""
+    pairs = []
+    for _ in range(n):
+        sender = await websockets.connect(url, max_size=None, additional_headers=headers)
+        await sender.send('{"type":"hello"}')
+        session = json.loads(await sender.recv())["session_id"]
+        follower = await websockets.connect(url, max_size=None, additional_headers=headers)
+        await follower.send(json.dumps({"type": "hello", "session_id": session}))
+        await follower.recv()
+        pairs.append((sender, follower))
+
+    async def one(sender: websockets.ClientConnection, follower: websockets.ClientConnection) -> tuple:
+        start = time.perf_counter()
+        await sender.send('{"type":"message","content":"hi"}')
+        sent, followed = await asyncio.gather(follow(sender, start), follow(follower, None))
+        return sent[0], sent[1], sent[2] and followed[2]
+
+    cpu_before = cpu_seconds(pids)
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one(*pair) for pair in pairs), return_exceptions=True)
+    wall = time.perf_counter() - start
+    cpu = cpu_seconds(pids) - cpu_before
+    await asyncio.gather(*(ws.close() for pair in pairs for ws in pair))
+    return summarize(results, pids, wall, cpu)
+
+
+def summarize(results: list, pids: list[int], wall: float, cpu: float) -> Run:
+    ttfts, chunks, failures = [], 0, 0
+    for result in results:
+        if isinstance(result, BaseException) or not result[2] or result[0] is None:
+            failures += 1
+            continue
+        ttfts.append(result[0])
+        chunks += result[1]
+    return Run(ttfts, wall, chunks, failures, cpu)
+
+
+async def batching(n: int) -> tuple[float, float]:
+    """Seconds to copy n chunk entries to a Redis stream: once per event-loop tick (the app's way, a
+    burst of appends in one tick goes as one call), and one awaited XADD per chunk."""
+    link = RedisLink(REDIS_URL, f"pocketchat_bench_{os.getpid()}:", "bench")
+    await link.claim("c1", "t1 r1 bench")
+    log = ProducedLog("t1", "c1", "t1 r1 bench", link, lambda error: print("copy failed:", error))
+    start = time.perf_counter()
+    for i in range(n):
+        log.append_chunk(f"tok{i} ")
+        if i % 10 == 9:
+            await asyncio.sleep(0)  # a provider's chunks arrive a few per tick under load
+    await log.copied()
+    batched = time.perf_counter() - start
+    one_by_one = aioredis.from_url(REDIS_URL)
+    start = time.perf_counter()
+    for i in range(n):
+        await one_by_one.xadd(link.stream("t2"), {"f": f"tok{i} "}, id=f"{i + 1}-0")
+    per_chunk = time.perf_counter() - start
+    await one_by_one.delete(link.stream("t1"), link.stream("t2"), link.lease("c1"))
+    await one_by_one.aclose()
+    await link.aclose()
+    return batched, per_chunk
+
+
+def report(runs: dict[str, list[Run]], n: int) -> dict[str, dict[str, float]]:
+    medians = {}
+    for who, rs in runs.items():
+        chunks = statistics.median(r.chunks for r in rs)
+        m = {
+            "p50": statistics.median(r.p(0.5) for r in rs),
+            "p99": statistics.median(r.p(0.99) for r in rs),
+            "wall": statistics.median(r.wall for r in rs),
+            "rate": statistics.median(r.chunks / r.wall for r in rs),
+            "cpu_us": statistics.median(r.cpu / r.chunks * 1e6 for r in rs) if chunks and rs[0].cpu else 0.0,
+            "failed": sum(r.failures for r in rs),
+        }
+        medians[who] = m
+        print(
+            f"{n:>5} {who:>9} {m['p50']:>7.1f}ms {m['p99']:>7.1f}ms {m['wall']:>7.2f} {m['rate']:>9.0f}"
+            f" {m['cpu_us']:>9.0f} {m['failed']:>6}"
+        )
+    return medians
+
+
+async def measure(n: int, repeat: int, fake_url: str, single: AppProcess, balancer: Nginx, replicas: list) -> None:
+    print(f"fake provider: {TOKENS} chunks, {PACE_MS} ms apart; {n} conversations, 2 sockets each; {repeat} runs")
+    print(f"\n{'conv':>5} {'who':>9} {'p50 ttft':>9} {'p99 ttft':>9} {'wall s':>7} {'chunks/s':>9} {'cpu us/ch':>9}"
+          f" {'failed':>6}")  # fmt: skip
+    runs: dict[str, list[Run]] = {"direct": [], "single": [], "replicas": []}
+    for _ in range(repeat):
+        runs["direct"].append(await direct(fake_url, n))
+        runs["single"].append(await through_app(single.ws_url, n, [single.process.pid], {}))
+        pids = [replica.process.pid for replica in replicas]
+        runs["replicas"].append(await through_app(balancer.ws_url, n, pids, {"Cookie": sign_in(replicas[0].url)}))
+    m = report(runs, n)
+    rep, one = m["replicas"], m["single"]
+    print(
+        f"\nreplicas/single: p99 first chunk x{rep['p99'] / one['p99']:.2f} (target <= 3), wall"
+        f" x{rep['wall'] / one['wall']:.2f} (target <= 1.5), CPU per chunk x{rep['cpu_us'] / one['cpu_us']:.2f},"
+        f" failures {rep['failed'] + one['failed']}"
+    )
+    lean = m["direct"]
+    print(f"single/direct: p99 first chunk x{one['p99'] / lean['p99']:.2f}, wall x{one['wall'] / lean['wall']:.2f}")
+    batched, per_chunk = await batching(10_000)
+    print(f"\ncopying 10000 chunks to Redis: once per tick {batched:.2f} s, one XADD per chunk {per_chunk:.2f} s"
+          f" (x{per_chunk / batched:.1f})")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conversations", type=int, default=300)
+    parser.add_argument("--repeat", type=int, default=3)
+    args = parser.parse_args()
+    fake_port = free_port()
+    fake_url = f"http://127.0.0.1:{fake_port}/v1"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    with tempfile.TemporaryDirectory() as tmp, fresh_database() as database_url:
+        fake = subprocess.Popen(
+            [sys.executable, "-m", "tests.fake_openai", "--port", str(fake_port), "--tokens", str(TOKENS),
+             "--pace-ms", str(PACE_MS)],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+        )  # fmt: skip
+        quiet = ["--model", "fake-model", "--log-level", "warning", *NO_LIMITS]
+        single = AppProcess(Path(tmp) / "single", ["--base-url", fake_url, "--api-key", "bench", *quiet])
+        (Path(tmp) / "single").mkdir()
+        shared = {
+            "POCKETCHAT_DATABASE_URL": database_url,
+            "POCKETCHAT_REDIS_URL": REDIS_URL,
+            "POCKETCHAT_REDIS_PREFIX": f"pocketchat_bench_{os.getpid()}:",
+            "POCKETCHAT_TOKEN": TOKEN,
+        }
+        replicas: list[AppProcess] = []
+        balancer = None
+        try:
+            time.sleep(1)
+            single.start()
+            replicas = [start_replica(Path(tmp), fake_port, shared, *quiet) for _ in range(2)]
+            balancer = Nginx(Path(tmp) / "nginx", [replica.port for replica in replicas]).start()
+            uvloop.run(measure(args.conversations, args.repeat, fake_url, single, balancer, replicas))
+        finally:
+            for app in (single, *replicas):
+                app.stop()
+            if balancer is not None:
+                balancer.stop()
+            fake.terminate()
+            fake.wait()
+
+
+if __name__ == "__main__":
+    main()
