@@ -157,8 +157,10 @@ def same_origin(headers: Headers, allowed: list[str]) -> bool:
     """Whether a browser request comes from the page's own origin (or an allowed one); requests
     without Origin do not come from a page of another site."""
     origin = headers.get("origin")
-    if origin is None:
-        return True
+    if origin is None or origin == "null":
+        # No Origin: not a browser. "null": a browser hid it (the page's Referrer-Policy is no-referrer,
+        # so Chromium sends null for its forms); its fetch metadata still says where the request came from.
+        return headers.get("sec-fetch-site") in (None, "same-origin", "none")
     origin = origin.lower().rstrip("/")
     return urlsplit(origin).netloc == headers.get("host", "").lower() or origin in allowed
 

@@ -22,11 +22,17 @@ const state = {
   conversation: null, // {title, model, system_prompt}
   provider: null, // ready.provider: who answers
   running: null, // {turnId, seq, view}
+  lastSent: null, // the last message sent, put back in the box if the server refuses it
   models: [],
 };
 
 const transcript = new Transcript($("transcript"), $("scroller"), $("jump"));
-const connection = new Connection(onFrame, helloFrame, showConnection);
+const connection = new Connection(onFrame, helloFrame, showConnection, signIn);
+
+/** Not signed in (no session, or it was revoked): the sign-in page. */
+function signIn() {
+  location.assign("/login");
+}
 
 function helloFrame() {
   return state.sessionId ? { type: "hello", session_id: state.sessionId } : { type: "hello" };
@@ -59,6 +65,7 @@ const handlers = {
   },
 
   turn_start(frame) {
+    state.lastSent = null; // accepted
     if (transcript.find(frame.message.id)) transcript.truncateFrom(frame.message.id);
     transcript.append(frame.message);
     const view = transcript.append({ role: "assistant", content: "", status: "streaming" });
@@ -105,6 +112,16 @@ const handlers = {
   error(frame) {
     if (frame.code === "unknown_session") {
       newChat(); // it was deleted, or never got a message before the server restarted
+      return;
+    }
+    if (frame.code === "rate_limited") {
+      // The message was not sent: it goes back in the box, and the notice says how long to wait.
+      if (state.lastSent && !ui.input.value) {
+        ui.input.value = state.lastSent;
+        autosize();
+      }
+      showNotice(`${frame.message} Try again in ${frame.retry_after} s.`);
+      announce(`Not sent: ${frame.message}`);
       return;
     }
     if (frame.turn_id && state.running?.turnId === frame.turn_id) {
@@ -197,6 +214,7 @@ async function api(method, path, body) {
   const response = await fetch(path, {
     method, headers: body ? { "Content-Type": "application/json" } : {}, body: body ? JSON.stringify(body) : undefined,
   });
+  if (response.status === 401) signIn();
   if (!response.ok) throw new Error(`${method} ${path}: HTTP ${response.status}`);
   return response.status === 204 ? null : response.json();
 }
@@ -320,6 +338,7 @@ function submit() {
   if (!content.trim()) return;
   // The text leaves the box only once it is on its way: nothing typed is lost while offline.
   if (connection.send({ type: "message", content })) {
+    state.lastSent = content;
     ui.input.value = "";
     autosize();
   }

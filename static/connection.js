@@ -5,17 +5,20 @@
 
 const FIRST_DELAY_MS = 1000;
 const LONGEST_DELAY_MS = 30000;
+const SIGNED_OUT = 4401; // no session (or it was revoked): reconnecting would only be refused again
 
 export class Connection {
   /**
    * @param {(frame: object) => void} onFrame  every frame from the server
    * @param {() => object} helloFrame          the `hello` to send on each open
    * @param {(state: object) => void} onState  {connected, attempt, retryInMs}
+   * @param {() => void} onSignedOut            the server closed with 4401: sign in first
    */
-  constructor(onFrame, helloFrame, onState) {
+  constructor(onFrame, helloFrame, onState, onSignedOut) {
     this.onFrame = onFrame;
     this.helloFrame = helloFrame;
     this.onState = onState;
+    this.onSignedOut = onSignedOut;
     this.attempt = 0;
     this.socket = null;
     this.timer = null;
@@ -55,10 +58,14 @@ export class Connection {
    * server went away. Every code the server sends (docs/protocol.md) means "come back": 1009 (a frame
    * far too large), 1011 (a failure outside a turn), 1012 (a restart) and 1013 (this page fell too far
    * behind a stream; the `hello` on the next socket resumes the reply, as after any drop). A code
-   * that calls for something else gets its own line here, before the reconnect.
+   * that calls for something else gets its own line here, before the reconnect: 4401, not signed in.
    */
   closed(code) {
     this.socket = null;
+    if (code === SIGNED_OUT) {
+      this.onSignedOut();
+      return;
+    }
     this.scheduleReconnect();
   }
 

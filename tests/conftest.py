@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import Browser, sync_playwright
 from websockets.sync.client import ClientConnection, connect
 
+from tests import chromium
 from tests.fake_openai import FakeOpenAI, FakeOpenAIThread
 from tests.services import (  # noqa: F401 (fixtures)
     free_port,
@@ -211,3 +213,12 @@ def start_app(tmp_path: Path, fake: FakeOpenAI, mode_args: list[str]) -> Iterato
 @pytest.fixture
 def app(start_app: Any) -> AppProcess:
     return start_app()
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    # Module scope: sync playwright holds an event loop on this thread until it stops.
+    with sync_playwright() as playwright:
+        browser = chromium.launch(playwright)
+        yield browser
+        browser.close()

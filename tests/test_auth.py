@@ -198,6 +198,10 @@ def test_a_state_changing_request_from_another_origin_is_refused(token_app):
     assert foreign.status == 403
     assert call(token_app, "DELETE", path, Cookie=cookie, Origin="http://127.0.0.1:1").status == 403
     assert call(token_app, "POST", "/logout", Cookie=cookie, Origin="http://evil.example").status == 403
+    # A form on another site whose Origin the browser hid ("null") is told apart by its fetch metadata.
+    hidden = {"Cookie": cookie, "Origin": "null"}
+    assert call(token_app, "POST", "/logout", **hidden, Sec_Fetch_Site="cross-site").status == 403
+    assert call(token_app, "POST", "/logout", **hidden, Sec_Fetch_Site="same-site").status == 403
     own = f"http://127.0.0.1:{token_app.port}"
     assert call(token_app, "PATCH", path, {"title": "mine"}, Cookie=cookie, Origin=own).status == 200
     assert call(token_app, "GET", path, Cookie=cookie).json()["title"] == "mine"

@@ -8,9 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, Page, expect, sync_playwright
+from playwright.sync_api import Browser, Page, expect
 
-from tests import chromium
 from tests.conftest import AppProcess
 from tests.fake_openai import FakeOpenAI, Reply
 
@@ -25,15 +24,6 @@ MARKDOWN_REPLY = [
     "print('copy me')\n",
     "```\n",
 ]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    # Module scope: sync playwright holds an event loop on this thread until it stops.
-    with sync_playwright() as playwright:
-        browser = chromium.launch(playwright)
-        yield browser
-        browser.close()
 
 
 class PageUnderTest:
