@@ -62,10 +62,10 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         stats = {k: reply.meta.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
         # Counted out before its end is seen: the user's next message must not find it still running.
         await state.limits.turn_ended(conversation.record.owner)
+        state.metrics.turn_ended(turn)
         turn.log.append(protocol.turn_end(turn.id, reply.status, reply.id, stats))
         conversation.end(turn)  # over here at once: a hello now gets it as history, not as running
         await state.coordinator.finished(conversation, turn)  # and elsewhere once its end is copied
-        state.metrics.turn_ended(turn)
         state.hub.release(conversation)
         logger.info(
             "turn %s conversation %s… status=%s chunks=%d ttft_ms=%s duration_ms=%d usage=%s",
