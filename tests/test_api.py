@@ -138,6 +138,6 @@ def test_metrics_count_turns_chunks_and_provider_errors_and_show_no_secret(app, 
     assert float(lines["pocketchat_chunks_total"]) == 5
     assert float(lines["pocketchat_running_turns"]) == 0 and float(lines["pocketchat_open_sockets"]) == 1
     assert float(lines["pocketchat_first_chunk_seconds_count"]) == 1
-    assert float(lines["pocketchat_provider_errors_total{kind=\"http_401\"}"]) == 1
+    assert float(lines['pocketchat_provider_errors_total{kind="http_401"}']) == 1
     assert float(lines["pocketchat_store_write_seconds_count"]) >= 2
     assert API_KEY not in text and "bad key" not in text
