@@ -24,7 +24,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
@@ -33,27 +32,11 @@ import redis.asyncio as aioredis
 import uvloop
 import websockets
 
+from bench.load import EXPECTED, PACE_MS, TOKENS, Run, summarize
 from tests.cluster import TOKEN, Nginx, sign_in, start_replica
 from tests.conftest import NO_LIMITS, ROOT, AppProcess
 from tests.services import REDIS_URL, free_port, fresh_database
 from utils.redis_log import ProducedLog, RedisLink
-
-TOKENS = 100
-PACE_MS = 20
-EXPECTED = "".join(f"tok{i} " for i in range(1, TOKENS + 1))
-
-
-@dataclass
-class Run:
-    ttfts: list[float]
-    wall: float
-    chunks: int
-    failures: int
-    cpu: float  # seconds of the app processes' CPU
-
-    def p(self, q: float) -> float:
-        ordered = sorted(self.ttfts)
-        return ordered[min(int(q * len(ordered)), len(ordered) - 1)] * 1000 if ordered else float("nan")
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -79,7 +62,7 @@ async def direct(fake_url: str, n: int) -> Run:
 
         start = time.perf_counter()
         results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
-        return summarize(results, [], time.perf_counter() - start, 0.0)
+        return summarize(results, time.perf_counter() - start)
 
 
 async def follow(ws: websockets.ClientConnection, start: float | None) -> tuple[float | None, int, bool]:
@@ -122,18 +105,7 @@ async def through_app(url: str, n: int, pids: list[int], headers: dict[str, str]
     wall = time.perf_counter() - start
     cpu = cpu_seconds(pids) - cpu_before
     await asyncio.gather(*(ws.close() for pair in pairs for ws in pair))
-    return summarize(results, pids, wall, cpu)
-
-
-def summarize(results: list, pids: list[int], wall: float, cpu: float) -> Run:
-    ttfts, chunks, failures = [], 0, 0
-    for result in results:
-        if isinstance(result, BaseException) or not result[2] or result[0] is None:
-            failures += 1
-            continue
-        ttfts.append(result[0])
-        chunks += result[1]
-    return Run(ttfts, wall, chunks, failures, cpu)
+    return summarize(results, wall, cpu)
 
 
 async def batching(n: int) -> tuple[float, float]:

@@ -44,6 +44,7 @@ class Run:
     wall: float
     chunks: int
     failures: int
+    cpu: float = 0.0  # seconds of the app processes' CPU, where measured (bench/cluster.py)
 
     def p(self, q: float) -> float:
         ordered = sorted(self.ttfts)
@@ -138,7 +139,7 @@ async def through_app(ws_url: str, n: int) -> Run:
     return summarize(results, wall)
 
 
-def summarize(results: list, wall: float) -> Run:
+def summarize(results: list, wall: float, cpu: float = 0.0) -> Run:
     ttfts, chunks, failures = [], 0, 0
     for result in results:
         if isinstance(result, BaseException) or not result[2] or result[0] is None:
@@ -146,7 +147,7 @@ def summarize(results: list, wall: float) -> Run:
             continue
         ttfts.append(result[0])
         chunks += result[1]
-    return Run(ttfts, wall, chunks, failures)
+    return Run(ttfts, wall, chunks, failures, cpu)
 
 
 async def measure(levels: list[int], repeat: int, fake_url: str, ws_url: str) -> None:

@@ -103,10 +103,15 @@ def test_hello_again_for_the_same_conversation_keeps_one_copy_and_one_stream(app
     assert len(first_chunks) >= 1 and len(fake.chat_requests) == 3
 
 
-def test_a_second_turn_on_one_conversation_from_two_tabs_after_a_rehello_is_refused(app, fake):
+@pytest.mark.parametrize("stored", [False, True], ids=["new", "stored"])
+def test_after_a_rehello_a_second_tab_cannot_start_a_second_turn(app, fake, stored):
+    """A hello again keeps the one copy: a stored conversation (let go at once when idle) as well as a
+    new one (kept for ten minutes)."""
+    tab = app.client()
+    session = tab.hello()["session_id"]
+    if stored:
+        assert tab.turn("store it first")[-1]["status"] == "complete"
     fake.queue(Reply(count=40, pace=0.02))
-    tab = app.client()
-    session = tab.hello()["session_id"]
     tab.hello(session)
     other = app.client()
     other.hello(session)
@@ -115,23 +120,7 @@ def test_a_second_turn_on_one_conversation_from_two_tabs_after_a_rehello_is_refu
     other.send("message", content="two")
     assert other.until("error")[-1]["code"] == "turn_in_progress"
     assert tab.until("turn_end")[-1]["status"] == "complete"
-    assert len(fake.chat_requests) == 1
-
-
-def test_a_rehello_on_a_stored_conversation_keeps_one_copy_so_a_second_tab_cannot_start_a_second_turn(app, fake):
-    fake.queue(Reply(tokens=["stored"]), Reply(count=40, pace=0.02))
-    tab = app.client()
-    session = tab.hello()["session_id"]
-    assert tab.turn("store it first")[-1]["status"] == "complete"  # stored: let go at once when idle
-    tab.hello(session)
-    other = app.client()
-    other.hello(session)
-    tab.send("message", content="one")
-    tab.until("chunk")
-    other.send("message", content="two")
-    assert other.until("error")[-1]["code"] == "turn_in_progress"
-    assert tab.until("turn_end")[-1]["status"] == "complete"
-    assert len(fake.chat_requests) == 2
+    assert len(fake.chat_requests) == 1 + stored
 
 
 def test_a_new_conversation_survives_its_socket_dropping_before_any_message(app):

@@ -1,7 +1,9 @@
 """The records a conversation is made of, as stored and as sent in `ready.history`."""
 
+import json
 import secrets
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -28,6 +30,12 @@ class Message:
     meta: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "Message":
+        """A message as a database row holds it (SQLite's or PostgreSQL's; `meta` is JSON text)."""
+        names = ("id", "turn_id", "role", "content", "reasoning", "status", "error", "created_at")
+        return cls(**{name: row[name] for name in names}, meta=json.loads(row["meta"]))
+
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"id": self.id, "role": self.role, "content": self.content, "status": self.status}
         if self.reasoning:
@@ -48,6 +56,11 @@ class ConversationRecord:
     id: str = field(default_factory=new_id)
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "ConversationRecord":
+        names = ("id", "owner", "title", "model", "system_prompt", "created_at", "updated_at")
+        return cls(**{name: row[name] for name in names})
 
     def to_wire(self) -> dict[str, Any]:
         return {

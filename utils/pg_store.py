@@ -146,32 +146,6 @@ def _count(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
-def _conversation(row: asyncpg.Record) -> ConversationRecord:
-    return ConversationRecord(
-        id=row["id"],
-        owner=row["owner"],
-        title=row["title"],
-        model=row["model"],
-        system_prompt=row["system_prompt"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
-
-
-def _message(row: asyncpg.Record) -> Message:
-    return Message(
-        id=row["id"],
-        turn_id=row["turn_id"],
-        role=row["role"],
-        content=row["content"],
-        reasoning=row["reasoning"],
-        status=row["status"],
-        error=row["error"],
-        meta=json.loads(row["meta"]),
-        created_at=row["created_at"],
-    )
-
-
 async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecord) -> None:
     await db.execute(
         # DO NOTHING: with replicas, two may each store a new conversation they both had in memory.
@@ -526,7 +500,7 @@ class PostgresStore:
     async def list_conversations(self, owner: str) -> list[ConversationRecord]:
         query = "SELECT * FROM conversations WHERE owner = $1 ORDER BY updated_at DESC, created_at DESC"
         rows = await self._read(lambda db: db.fetch(query, owner))
-        return [_conversation(row) for row in rows]
+        return [ConversationRecord.from_row(row) for row in rows]
 
     async def load(self, conversation_id: str) -> tuple[ConversationRecord, list[Message]] | None:
         async def work(db: asyncpg.Connection) -> tuple[ConversationRecord, list[Message]] | None:
@@ -536,7 +510,9 @@ class PostgresStore:
                 if row is None:
                     return None
                 query = "SELECT * FROM messages WHERE conversation_id = $1 ORDER BY seq"
-                return _conversation(row), [_message(message) for message in await db.fetch(query, conversation_id)]
+                return ConversationRecord.from_row(row), [
+                    Message.from_row(message) for message in await db.fetch(query, conversation_id)
+                ]
 
         return await self._read(work)
 

@@ -115,32 +115,6 @@ def session_hash(session_id: str) -> str:
     return hashlib.sha256(session_id.encode()).hexdigest()
 
 
-def _conversation(row: sqlite3.Row) -> ConversationRecord:
-    return ConversationRecord(
-        id=row["id"],
-        owner=row["owner"],
-        title=row["title"],
-        model=row["model"],
-        system_prompt=row["system_prompt"],
-        created_at=row["created_at"],
-        updated_at=row["updated_at"],
-    )
-
-
-def _message(row: sqlite3.Row) -> Message:
-    return Message(
-        id=row["id"],
-        turn_id=row["turn_id"],
-        role=row["role"],
-        content=row["content"],
-        reasoning=row["reasoning"],
-        status=row["status"],
-        error=row["error"],
-        meta=json.loads(row["meta"]),
-        created_at=row["created_at"],
-    )
-
-
 @dataclass
 class Job:
     """One queued write. `retry`: if the database fails (disk full, I/O error), keep it and write it
@@ -362,7 +336,7 @@ class SqliteStore:
 
     async def list_conversations(self, owner: str) -> list[ConversationRecord]:
         query = "SELECT * FROM conversations WHERE owner = ? ORDER BY updated_at DESC, created_at DESC"
-        return await self._read(lambda db: [_conversation(row) for row in db.execute(query, (owner,))])
+        return await self._read(lambda db: [ConversationRecord.from_row(row) for row in db.execute(query, (owner,))])
 
     async def load(self, conversation_id: str) -> tuple[ConversationRecord, list[Message]] | None:
         def work(db: sqlite3.Connection) -> tuple[ConversationRecord, list[Message]] | None:
@@ -370,7 +344,7 @@ class SqliteStore:
             if row is None:
                 return None
             rows = db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq", (conversation_id,))
-            return _conversation(row), [_message(message) for message in rows]
+            return ConversationRecord.from_row(row), [Message.from_row(message) for message in rows]
 
         return await self._read(work)
 

@@ -34,27 +34,6 @@ class TurnLog(Protocol):
     def append_chunk(self, content: str, reasoning: str | None = None) -> int:
         """Add the next chunk and return its seq."""
 
-    def add_entry(self, key: tuple[int, int], text: str) -> None:
-        """Mirror an entry another replica appended (keys arrive in order)."""
-        if self._keys and key <= self._keys[-1]:
-            return  # read twice (a reader that reconnected): already here
-        if key[1] == 0:
-            frame = json.loads(text)
-            self._seq = key[0]
-            self._content.append(frame["content"])
-            if frame.get("reasoning"):
-                self._reasoning.append(frame["reasoning"])
-        self._since_chunk = key[1]
-        self._push(key, text)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def last_key(self) -> tuple[int, int]:
-        return self._keys[-1] if self._keys else (0, 0)
-
     def snapshot(self) -> dict[str, Any]:
         """The reply so far: {turn_id, seq, content, reasoning}."""
 
@@ -119,14 +98,6 @@ class InProcessTurnLog:
                 self._reasoning.append(frame["reasoning"])
         self._since_chunk = key[1]
         self._push(key, text)
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    @property
-    def last_key(self) -> tuple[int, int]:
-        return self._keys[-1] if self._keys else (0, 0)
 
     def snapshot(self) -> dict[str, Any]:
         return {
