@@ -329,17 +329,14 @@ class Cluster:
         if turn_id in self._mirrors or conversation.turn is not None:
             return
         log = InProcessTurnLog(turn_id)
-        mirror = Mirror(conversation, Turn(Message("user", ""), Message("assistant", ""), log, [], id=turn_id))
+        reply = Message("assistant", "", status="streaming", turn_id=turn_id, id=reply_id)
+        mirror = Mirror(conversation, Turn(Message("user", ""), reply, log, [], id=turn_id))
         self._mirrors[turn_id] = mirror  # claimed before the await: one mirror per turn
         try:
-            entries = await self.link.entries(turn_id)
-        except (RedisError, OSError):
-            del self._mirrors[turn_id]
-            raise
-        if not entries:  # not copied yet: the reader brings turn_start soon
-            entries = []
-        mirror.turn.reply = Message("assistant", "", status="streaming", turn_id=turn_id, id=reply_id)
-        self._take(mirror, entries)
+            # What is there now, so that a `ready` sent next has it; else the reader reads it all.
+            self._take(mirror, await self.link.entries(turn_id))
+        except (RedisError, OSError) as error:
+            logger.warning("turn %s: read from its start by the reader (%s)", turn_id, error)
 
     def _take(self, mirror: Mirror, entries: list[tuple[str, str]]) -> None:
         """Entries read from a mirrored turn's stream: into its log, and into the conversation."""

@@ -69,7 +69,7 @@ async def follow(ws: websockets.ClientConnection, start: float | None) -> tuple[
     """Read one turn on a socket: time to its first chunk (from `start`), chunks, complete and in order."""
     first, text, seqs = None, [], []
     while True:
-        frame = json.loads(await ws.recv())
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 60))  # a reply that never ends is a failure
         if frame["type"] == "chunk":
             if start is not None and first is None:
                 first = time.perf_counter() - start

@@ -33,6 +33,7 @@ logger = logging.getLogger(__name__)
 
 LEASE_MS = 3000  # a dead producer's turn is noticed within this, plus a watchdog tick
 RENEW_SECONDS = 1.0
+POOL_SIZE = 64  # connections for commands (the blocking reader has its own)
 STREAM_MS = 24 * 3600 * 1000  # a stream outlives its turn by this while it runs (a dead producer's too)
 ENDED_STREAM_MS = 10 * 60 * 1000  # after its turn ends: the stored reply is the record then
 EVENTS_MAXLEN = 10_000
@@ -91,7 +92,12 @@ class RedisLink:
         # A pooled connection that Redis closed (it restarted) is found out on use: the command is sent
         # again once on a new connection rather than failing the turn that happened to draw it.
         again = {"retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 2), "retry_on_error": [ConnectionError]}
-        self.client = aioredis.from_url(url, socket_timeout=5, socket_connect_timeout=5, **again)
+        # Hundreds of turns starting at once wait their turn for a connection rather than fail: the
+        # default pool refuses the 101st caller outright.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            url, max_connections=POOL_SIZE, timeout=5, socket_timeout=5, socket_connect_timeout=5, **again
+        )
+        self.client = aioredis.Redis(connection_pool=pool)
         # XREAD BLOCK holds its connection: a connection of its own, so commands never wait behind it.
         self.reader = aioredis.from_url(url, socket_connect_timeout=5, max_connections=1, **again)
         self.events = prefix + "events"
