@@ -31,7 +31,7 @@ from utils.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn
 from utils.messages import ConversationRecord, Message, new_id
 from utils.protocol import TurnInProgress, Unavailable
 from utils.redis_limits import RedisCounters
-from utils.redis_log import RENEW_SECONDS, Fenced, ProducedLog, RedisLink
+from utils.redis_log import RENEW_SECONDS, Copier, Fenced, ProducedLog, RedisLink
 from utils.store import Store
 from utils.turn_log import InProcessTurnLog, TurnLog, parse_key
 
@@ -39,6 +39,7 @@ logger = logging.getLogger("pocketchat")
 
 WATCH_SECONDS = 0.5  # how often leases of turns running elsewhere are checked
 READ_BLOCK_MS = 100  # a newly mirrored stream joins the next read within this
+READ_GATHER_SECONDS = 0.005  # a follower is this much later, and reads many entries per call
 UNSTORED_KEEP = int(UNSTORED_KEEP_SECONDS)
 HEARTBEAT_SECONDS = 2.0  # well within utils/redis_limits.HEARTBEAT_MS
 DELETE_MS = 30_000  # a deleted conversation's lease is held this long: no turn starts on it meanwhile
@@ -110,7 +111,8 @@ class Cluster:
         self.hub = hub
         self.store = store
         self.failure: str | None = None  # why Redis cannot be reached now
-        self._produced: dict[str, tuple[Turn, asyncio.Task[None]]] = {}  # turn id: (turn, its lease renewal)
+        self._produced: dict[str, tuple[Turn, str, str]] = {}  # turn id: (turn, conversation id, lease)
+        self._copier = Copier(self.link, self._lost)
         self._mirrors: dict[str, Mirror] = {}
         self._elsewhere: dict[str, tuple[str, str]] = {}  # turns running anywhere else: (conversation, reply)
         self._finishing: dict[str, asyncio.Future[None]] = {}  # by conversation: a turn copying its end
@@ -141,7 +143,7 @@ class Cluster:
         except (RedisError, OSError) as error:
             self.failure = str(error)  # ready says so; the reader keeps trying
             logger.warning("Redis is unreachable at start-up: %s", error)
-        self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._watch())]
+        self._tasks = [asyncio.create_task(loop()) for loop in (self._read, self._watch, self._renew)]
 
     async def _find_running_turns(self) -> None:
         """Turns that started before this replica did: their leases say where they run."""
@@ -162,7 +164,7 @@ class Cluster:
 
     def new_log(self, turn_id: str) -> TurnLog:
         conversation_id, lease = self._claims.pop(turn_id, ("", ""))  # the log is born holding its lease
-        return ProducedLog(turn_id, conversation_id, lease, self.link, lambda error: self._lost(turn_id, error))
+        return ProducedLog(turn_id, conversation_id, lease, self._copier)
 
     async def claim(self, conversation: Conversation, turn_id: str, reply_id: str) -> str:
         """Take the conversation's lease for a new turn: the one arbiter of a running turn, cluster-wide."""
@@ -190,8 +192,7 @@ class Cluster:
             await self.link.renew(conversation_id, lease, 0)
 
     async def started(self, conversation: Conversation, turn: Turn, lease: str) -> None:
-        renewal = asyncio.create_task(self._renew(turn, conversation.id, lease))
-        self._produced[turn.id] = (turn, renewal)
+        self._produced[turn.id] = (turn, conversation.id, lease)
         event = {"kind": "turn", "conversation": conversation.id, "turn": turn.id, "reply": turn.reply.id}
         try:
             assert isinstance(turn.log, ProducedLog)
@@ -200,16 +201,22 @@ class Cluster:
         except (RedisError, OSError) as error:
             self._lost(turn.id, error)
 
-    async def _renew(self, turn: Turn, conversation_id: str, lease: str) -> None:
+    async def _renew(self) -> None:
+        """Renew the leases of every turn running here, in one round trip a second."""
         while True:
             await asyncio.sleep(RENEW_SECONDS)
+            produced = list(self._produced.items())
+            if not produced:
+                continue
             try:
-                if not await self.link.renew(conversation_id, lease):
-                    self._lost(turn.id, Fenced("its lease was taken"))
-                    return
+                held = await self.link.renew_all([(conversation, lease) for _, (_, conversation, lease) in produced])
             except (RedisError, OSError) as error:
-                self._lost(turn.id, error)
-                return
+                for turn_id, _ in produced:
+                    self._lost(turn_id, error)
+                continue
+            for (turn_id, _), still in zip(produced, held, strict=True):
+                if not still:
+                    self._lost(turn_id, Fenced("its lease was taken"))
 
     def _lost(self, turn_id: str, error: Exception) -> None:
         """Redis failed, or another replica ended this turn: stop it; run_turn records why."""
@@ -224,9 +231,7 @@ class Cluster:
     async def finished(self, conversation: Conversation, turn: Turn) -> None:
         """The turn's `turn_end` is in its log: copy the rest to Redis, letting the lease go with it.
         A socket here sees turn_end before that; a turn it starts meanwhile waits for it (`claim`)."""
-        _, renewal = self._produced.pop(turn.id, (None, None))
-        if renewal is not None:
-            renewal.cancel()
+        self._produced.pop(turn.id, None)
         log = turn.log
         assert isinstance(log, ProducedLog)
         finishing = self._finishing[conversation.id] = asyncio.ensure_future(log.finish())
@@ -400,6 +405,8 @@ class Cluster:
                 self.failure = str(error)
                 await asyncio.sleep(1)
                 continue
+            if found:
+                await asyncio.sleep(READ_GATHER_SECONDS)  # the next read then gets more per stream
             for key, entries in found:
                 name = key.decode()
                 decoded = [(entry_id.decode(), fields) for entry_id, fields in entries]

@@ -20,6 +20,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
@@ -38,19 +39,36 @@ STREAM_MS = 24 * 3600 * 1000  # a stream outlives its turn by this while it runs
 ENDED_STREAM_MS = 10 * 60 * 1000  # after its turn ends: the stored reply is the record then
 EVENTS_MAXLEN = 10_000
 
-# KEYS: stream, lease. ARGV: lease value, "1" if these are the turn's last entries, the producer's clock
-# (followers measure their lag by it), then id, frame, id, frame, ...
-# The last entries and the lease's release are one step: whoever sees turn_end may start a turn.
+# Copy the new entries of several turns at once. KEYS: stream, lease, stream, lease, ... ARGV: the
+# producer's clock (followers measure their lag by it), then for each turn: its lease value, "1" if
+# these are its last entries, how many entries, then id, frame, id, frame, ... Each turn's entries go
+# in only while it holds its lease; its last entries and the lease's release are one step, so
+# whoever sees turn_end may start the next turn. Returns 1 or 0 per turn.
 APPEND = f"""
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-for i = 4, #ARGV, 2 do redis.call('XADD', KEYS[1], ARGV[i], 'f', ARGV[i + 1], 't', ARGV[3]) end
-if ARGV[2] == '1' then
-  redis.call('DEL', KEYS[2])
-  redis.call('PEXPIRE', KEYS[1], {ENDED_STREAM_MS})
-else
-  redis.call('PEXPIRE', KEYS[1], {STREAM_MS})
+local i = 2
+local copied = {{}}
+for t = 1, #KEYS / 2 do
+  local stream, lease = KEYS[2 * t - 1], KEYS[2 * t]
+  local holder, last, n = ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2])
+  i = i + 3
+  if redis.call('GET', lease) == holder then
+    for e = 1, n do
+      redis.call('XADD', stream, ARGV[i], 'f', ARGV[i + 1], 't', ARGV[1])
+      i = i + 2
+    end
+    if last == '1' then
+      redis.call('DEL', lease)
+      redis.call('PEXPIRE', stream, {ENDED_STREAM_MS})
+    else
+      redis.call('PEXPIRE', stream, {STREAM_MS})
+    end
+    copied[t] = 1
+  else
+    i = i + 2 * n
+    copied[t] = 0
+  end
 end
-return 1
+return copied
 """
 
 # KEYS: lease. ARGV: value, ttl ms (0: release).
@@ -121,14 +139,23 @@ class RedisLink:
         value = await self.client.get(self.lease(conversation_id))
         return value.decode() if value is not None else None
 
-    async def append(
-        self, turn_id: str, conversation_id: str, lease: str, entries: list[tuple[str, str]], last: bool
-    ) -> None:
-        args: list[str] = [lease, "1" if last else "0", repr(time.time())]
-        for entry_id, text in entries:
-            args += (entry_id, text)
-        if not await self._append(keys=[self.stream(turn_id), self.lease(conversation_id)], args=args):
-            raise Fenced(f"turn {turn_id} lost its lease")
+    async def append(self, batches: list["Batch"]) -> list[bool]:
+        """Copy each batch to its turn's stream, if the turn still holds its lease; which were copied."""
+        keys: list[str] = []
+        args: list[str] = [repr(time.time())]
+        for batch in batches:
+            keys += (self.stream(batch.turn_id), self.lease(batch.conversation_id))
+            args += (batch.lease, "1" if batch.last else "0", str(len(batch.entries)))
+            for entry_id, text in batch.entries:
+                args += (entry_id, text)
+        return [bool(copied) for copied in await self._append(keys=keys, args=args)]
+
+    async def renew_all(self, leases: list[tuple[str, str]]) -> list[bool]:
+        """Renew (conversation id, lease value) leases in one round trip; which were still held."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for conversation_id, lease in leases:
+                await self._renew(keys=[self.lease(conversation_id)], args=[lease, LEASE_MS], client=pipe)
+            return [bool(held) for held in await pipe.execute()]
 
     async def take_over(self, turn_id: str, conversation_id: str, error: str, end: str) -> int | None:
         """Append `error` and `end` to a turn whose producer is gone; the seq they follow, or None if
@@ -157,49 +184,63 @@ class RedisLink:
                 await client.aclose()
 
 
-class ProducedLog(InProcessTurnLog):
-    """The log of a turn this replica runs: local sockets follow it at once, and its entries are
-    copied to the turn's Redis stream once per event-loop tick, in order, as one scripted call that
-    checks the lease. `failure` says why copying stopped (the lease was lost, or Redis failed)."""
+@dataclass
+class Batch:
+    """A turn's entries for one copy."""
 
-    def __init__(
-        self, turn_id: str, conversation_id: str, lease: str, link: RedisLink, on_failure: Callable[[Exception], None]
-    ) -> None:
+    turn_id: str
+    conversation_id: str
+    lease: str
+    entries: list[tuple[str, str]]
+    last: bool
+
+
+class ProducedLog(InProcessTurnLog):
+    """The log of a turn this replica runs: local sockets follow it at once, and the `Copier` copies
+    its entries to the turn's Redis stream, in order. `failure` says why copying stopped (the lease
+    was lost, or Redis failed)."""
+
+    def __init__(self, turn_id: str, conversation_id: str, lease: str, copier: "Copier") -> None:
         super().__init__(turn_id)
-        self.link = link
         self.conversation_id = conversation_id
         self.lease = lease
+        self.copier = copier
         self.failure: Exception | None = None
-        self._on_failure = on_failure
         self._unsent: list[tuple[str, str]] = []
+        self._in_flight = 0
+        self._all_copied = asyncio.Event()
+        self._all_copied.set()
         self._ending = False  # turn_end is in: the next copy is the last, and lets the lease go
         self._released = False
-        self._flushing: asyncio.Task[None] | None = None
 
     def _push(self, key: tuple[int, int], text: str) -> None:
         super()._push(key, text)
         if self.failure is None:
             self._unsent.append((f"{key[0]}-{key[1]}", text))
-            if self._flushing is None or self._flushing.done():
-                self._flushing = asyncio.get_running_loop().create_task(self._flush())
+            self._all_copied.clear()
+            self.copier.mark(self)
 
-    async def _flush(self) -> None:
-        await asyncio.sleep(0)  # the rest of this tick's entries join the same call
-        while self._unsent and self.failure is None:
-            batch, self._unsent = self._unsent, []
-            try:
-                last = self._ending
-                await self.link.append(self.turn_id, self.conversation_id, self.lease, batch, last)
-                self._released = last
-            except (Fenced, RedisError, OSError) as error:
-                self.failure = error
-                self._unsent = []
-                self._on_failure(error)
+    def take(self) -> Batch:
+        """What is to be copied now; `settle` says how it went."""
+        batch = Batch(self.turn_id, self.conversation_id, self.lease, self._unsent, self._ending)
+        self._unsent = []
+        self._in_flight += 1
+        return batch
+
+    def settle(self, batch: Batch, error: Exception | None) -> None:
+        self._in_flight -= 1
+        if error is None:
+            self._released = batch.last
+        elif self.failure is None:
+            self.failure = error
+            self._unsent = []
+            self.copier.on_failure(self.turn_id, error)
+        if (not self._unsent or self.failure is not None) and not self._in_flight:
+            self._all_copied.set()
 
     async def copied(self) -> None:
         """Wait until every entry so far is in Redis (or copying failed)."""
-        while self._flushing is not None and not self._flushing.done():
-            await asyncio.shield(self._flushing)
+        await self._all_copied.wait()
 
     async def finish(self) -> None:
         """turn_end is in the log: copy what is left, and with it let the turn's lease go."""
@@ -208,4 +249,36 @@ class ProducedLog(InProcessTurnLog):
         if not self._released and self.failure is None:
             # The last copy left before the turn knew it was the last: let the lease go on its own.
             with contextlib.suppress(RedisError, OSError):
-                await self.link.renew(self.conversation_id, self.lease, 0)
+                await self.copier.link.renew(self.conversation_id, self.lease, 0)
+
+
+class Copier:
+    """Copies the logs of every turn this replica runs to Redis: once per event-loop tick, all of
+    them in one scripted call, and one call at a time, so that each log's entries land in order."""
+
+    def __init__(self, link: RedisLink, on_failure: Callable[[str, Exception], None]) -> None:
+        self.link = link
+        self.on_failure = on_failure  # (turn id, why): the turn must stop
+        self._waiting: dict[str, ProducedLog] = {}
+        self._copying: asyncio.Task[None] | None = None
+
+    def mark(self, log: ProducedLog) -> None:
+        self._waiting[log.turn_id] = log
+        if self._copying is None or self._copying.done():
+            self._copying = asyncio.get_running_loop().create_task(self._copy())
+
+    async def _copy(self) -> None:
+        while self._waiting:
+            await asyncio.sleep(0)  # the rest of this tick's entries, of every turn, join the same call
+            logs, self._waiting = list(self._waiting.values()), {}
+            batches = [(log, log.take()) for log in logs if log.failure is None]
+            if not batches:
+                continue
+            try:
+                copied = await self.link.append([batch for _, batch in batches])
+            except (RedisError, OSError) as error:
+                for log, batch in batches:
+                    log.settle(batch, error)
+                continue
+            for (log, batch), done in zip(batches, copied, strict=True):
+                log.settle(batch, None if done else Fenced(f"turn {log.turn_id} lost its lease"))

@@ -57,6 +57,7 @@ class InProcessTurnLog:
         self._keys: list[tuple[int, int]] = []
         self._content: list[str] = []
         self._reasoning: list[str] = []
+        self._unread: list[str] = []  # mirrored chunk frames not decoded yet
         self._seq = 0
         self._since_chunk = 0
         self._closed = False
@@ -91,15 +92,18 @@ class InProcessTurnLog:
         if self._keys and key <= self._keys[-1]:
             return  # read twice (a reader that reconnected): already here
         if key[1] == 0:
-            frame = json.loads(text)
             self._seq = key[0]
-            self._content.append(frame["content"])
-            if frame.get("reasoning"):
-                self._reasoning.append(frame["reasoning"])
+            self._unread.append(text)  # read when a snapshot asks: most mirrored chunks never are
         self._since_chunk = key[1]
         self._push(key, text)
 
     def snapshot(self) -> dict[str, Any]:
+        for text in self._unread:
+            frame = json.loads(text)
+            self._content.append(frame["content"])
+            if frame.get("reasoning"):
+                self._reasoning.append(frame["reasoning"])
+        self._unread.clear()
         return {
             "turn_id": self.turn_id,
             "seq": self._seq,
