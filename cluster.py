@@ -103,6 +103,7 @@ class Mirror:
         self.turn = turn
         self.last_id = "0-0"
         self.error: str | None = None
+        self.ended = False
 
 
 class Cluster:
@@ -344,9 +345,12 @@ class Cluster:
             logger.warning("turn %s: read from its start by the reader (%s)", turn_id, error)
 
     def _take(self, mirror: Mirror, entries: list[tuple[str, str]]) -> None:
-        """Entries read from a mirrored turn's stream: into its log, and into the conversation."""
+        """Entries read from a mirrored turn's stream: into its log, and into the conversation. An
+        entry read twice (the first read of a mirror and the reader can overlap) is taken once."""
         for entry_id, text in entries:
             key = parse_key(entry_id)
+            if key <= parse_key(mirror.last_id) or mirror.ended:
+                continue
             mirror.turn.log.add_entry(key, text)  # type: ignore[attr-defined]
             mirror.last_id = entry_id
             if key[1] != 0:
@@ -376,7 +380,8 @@ class Cluster:
             self._end_mirror(mirror, frame)
 
     def _end_mirror(self, mirror: Mirror, end: dict[str, Any]) -> None:
-        del self._mirrors[mirror.turn.id]
+        mirror.ended = True
+        self._mirrors.pop(mirror.turn.id, None)
         self._elsewhere.pop(mirror.turn.id, None)
         conversation, turn = mirror.conversation, mirror.turn
         snapshot = turn.log.snapshot()
@@ -407,17 +412,24 @@ class Cluster:
                 continue
             if found:
                 await asyncio.sleep(READ_GATHER_SECONDS)  # the next read then gets more per stream
-            for key, entries in found:
-                name = key.decode()
-                decoded = [(entry_id.decode(), fields) for entry_id, fields in entries]
-                if name == self.link.events:
-                    for entry_id, fields in decoded:
-                        self._events_from = entry_id
-                        self._on_event(json.loads(fields[b"e"]))
-                elif (mirror := self._mirrors.get(name.rpartition(":")[2])) is not None:
-                    self._take(mirror, [(entry_id, fields[b"f"].decode()) for entry_id, fields in decoded])
-                    if self.on_lag is not None and b"t" in decoded[-1][1]:
-                        self.on_lag(time.time() - float(decoded[-1][1][b"t"]))
+            try:
+                self._dispatch(found)
+            except Exception:
+                logger.exception("could not take what Redis sent")  # the reader must go on, whatever it was
+
+    def _dispatch(self, found: list[Any]) -> None:
+        """Hand what one XREAD returned to the events and the mirrors."""
+        for key, entries in found:
+            name = key.decode()
+            decoded = [(entry_id.decode(), fields) for entry_id, fields in entries]
+            if name == self.link.events:
+                for entry_id, fields in decoded:
+                    self._events_from = entry_id
+                    self._on_event(json.loads(fields[b"e"]))
+            elif (mirror := self._mirrors.get(name.rpartition(":")[2])) is not None:
+                self._take(mirror, [(entry_id, fields[b"f"].decode()) for entry_id, fields in decoded])
+                if self.on_lag is not None and b"t" in decoded[-1][1]:
+                    self.on_lag(time.time() - float(decoded[-1][1][b"t"]))
 
     async def _watch(self) -> None:
         """Keep this replica's heartbeat, and notice turns whose producer died (its lease expired) and

@@ -158,7 +158,8 @@ def main(argv: list[str]) -> None:
         # for any one frame, then stops the turns and stores their replies.
         timeout_graceful_shutdown=max(1, round(settings.send_timeout)),
     )
-    DrainingServer(config, app).run()
+    with contextlib.suppress(KeyboardInterrupt):  # uvicorn raises it again after a clean Ctrl+C shutdown
+        DrainingServer(config, app).run()
 
 
 class DrainingServer(uvicorn.Server):

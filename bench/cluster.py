@@ -36,7 +36,7 @@ from bench.load import EXPECTED, PACE_MS, TOKENS, Run, summarize
 from tests.cluster import TOKEN, Nginx, sign_in, start_replica
 from tests.conftest import NO_LIMITS, ROOT, AppProcess
 from tests.services import REDIS_URL, free_port, fresh_database
-from utils.redis_log import ProducedLog, RedisLink
+from utils.redis_log import Copier, ProducedLog, RedisLink
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -113,7 +113,7 @@ async def batching(n: int) -> tuple[float, float]:
     burst of appends in one tick goes as one call), and one awaited XADD per chunk."""
     link = RedisLink(REDIS_URL, f"pocketchat_bench_{os.getpid()}:", "bench")
     await link.claim("c1", "t1 r1 bench")
-    log = ProducedLog("t1", "c1", "t1 r1 bench", link, lambda error: print("copy failed:", error))
+    log = ProducedLog("t1", "c1", "t1 r1 bench", Copier(link, lambda turn, error: print("copy failed:", error)))
     start = time.perf_counter()
     for i in range(n):
         log.append_chunk(f"tok{i} ")
