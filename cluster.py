@@ -30,7 +30,6 @@ from utils import protocol
 from utils.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn
 from utils.messages import ConversationRecord, Message, new_id
 from utils.protocol import TurnInProgress, Unavailable
-from utils.redis_limits import RedisCounters
 from utils.redis_log import RENEW_SECONDS, Copier, Fenced, ProducedLog, RedisLink
 from utils.store import Store
 from utils.turn_log import InProcessTurnLog, TurnLog, parse_key
@@ -41,7 +40,6 @@ WATCH_SECONDS = 0.5  # how often leases of turns running elsewhere are checked
 READ_BLOCK_MS = 100  # a newly mirrored stream joins the next read within this
 READ_GATHER_SECONDS = 0.005  # a follower is this much later, and reads many entries per call
 UNSTORED_KEEP = int(UNSTORED_KEEP_SECONDS)
-HEARTBEAT_SECONDS = 2.0  # well within utils/redis_limits.HEARTBEAT_MS
 DELETE_MS = 30_000  # a deleted conversation's lease is held this long: no turn starts on it meanwhile
 LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
 TAKEN_OVER = "The replica writing this reply stopped; the reply so far is kept."
@@ -108,6 +106,7 @@ class Mirror:
 
 class Cluster:
     def __init__(self, url: str, prefix: str, hub: Hub, store: Store) -> None:
+        self.url = url
         self.link = RedisLink(url, prefix, replica=new_id()[:12])
         self.hub = hub
         self.store = store
@@ -115,7 +114,8 @@ class Cluster:
         self._produced: dict[str, tuple[Turn, str, str]] = {}  # turn id: (turn, conversation id, lease)
         self._copier = Copier(self.link, self._lost)
         self._mirrors: dict[str, Mirror] = {}
-        self._elsewhere: dict[str, tuple[str, str]] = {}  # turns running anywhere else: (conversation, reply)
+        # Turns running on other replicas: (conversation, reply, replica).
+        self._elsewhere: dict[str, tuple[str, str, str]] = {}
         self._finishing: dict[str, asyncio.Future[None]] = {}  # by conversation: a turn copying its end
         self._claims: dict[str, tuple[str, str]] = {}  # turn id: (conversation, lease), until its log is made
         self._events_from = "0-0"
@@ -137,8 +137,8 @@ class Cluster:
             logger.error("replica work failed", exc_info=error)
 
     async def start(self) -> None:
+        self.link.start_heartbeat(self.url)
         try:
-            await RedisCounters(self.link).heartbeat()  # this replica's sockets and turns count at once
             self._events_from = await self.link.last_event_id()
             await self._find_running_turns()
         except (RedisError, OSError) as error:
@@ -151,9 +151,9 @@ class Cluster:
         lease_prefix = self.link.lease("")
         async for key in self.link.client.scan_iter(match=lease_prefix + "*", count=500):
             holder = await self.link.client.get(key)
-            if holder is not None:
-                turn_id, reply_id, _ = holder.decode().split(" ", 2)
-                self._elsewhere[turn_id] = (key.decode().removeprefix(lease_prefix), reply_id)
+            if holder is not None and not holder.startswith(b"deleting "):
+                turn_id, reply_id, replica = holder.decode().split(" ", 2)
+                self._elsewhere[turn_id] = (key.decode().removeprefix(lease_prefix), reply_id, replica)
 
     async def aclose(self) -> None:
         for task in self._tasks:
@@ -280,7 +280,7 @@ class Cluster:
         kind, conversation_id = event["kind"], event.get("conversation", "")
         live = self.hub.live(conversation_id)
         if kind == "turn":
-            self._elsewhere[event["turn"]] = (conversation_id, event["reply"])
+            self._elsewhere[event["turn"]] = (conversation_id, event["reply"], event["replica"])
             if live is not None:
                 live.stored = True  # the replica running the turn stored it
                 self._background(self._mirror(live, event["turn"], event["reply"]))
@@ -432,36 +432,34 @@ class Cluster:
                     self.on_lag(time.time() - float(decoded[-1][1][b"t"]))
 
     async def _watch(self) -> None:
-        """Keep this replica's heartbeat, and notice turns whose producer died (its lease expired) and
-        end them `interrupted`."""
-        beat = 0.0
+        """Notice turns whose producer died (its replica's heartbeat stopped, or its lease went) and end
+        them `interrupted`."""
         while True:
             await asyncio.sleep(WATCH_SECONDS)
-            if time.monotonic() - beat > HEARTBEAT_SECONDS:
-                with contextlib.suppress(RedisError, OSError):
-                    await RedisCounters(self.link).heartbeat()
-                    beat = time.monotonic()
             turns = list(self._elsewhere.items())
             if not turns:
                 continue
             try:
                 async with self.link.client.pipeline(transaction=False) as pipe:
-                    for _, (conversation_id, _) in turns:
+                    for _, (conversation_id, _, replica) in turns:
                         pipe.get(self.link.lease(conversation_id))
-                    holders = await pipe.execute()
-                for (turn_id, (conversation_id, reply_id)), holder in zip(turns, holders, strict=True):
-                    if holder is None or not holder.decode().startswith(turn_id + " "):
-                        await self._end_abandoned(turn_id, conversation_id, reply_id)
+                        pipe.exists(self.link.heartbeat_key(replica))
+                    found = await pipe.execute()
+                for (turn_id, (conversation_id, reply_id, replica)), holder, alive in zip(
+                    turns, found[::2], found[1::2], strict=True
+                ):
+                    if not alive or holder is None or not holder.decode().startswith(turn_id + " "):
+                        await self._end_abandoned(turn_id, conversation_id, reply_id, replica)
             except (RedisError, OSError) as error:
                 logger.warning("could not check the running turns: %s", error)
 
-    async def _end_abandoned(self, turn_id: str, conversation_id: str, reply_id: str) -> None:
+    async def _end_abandoned(self, turn_id: str, conversation_id: str, reply_id: str, replica: str) -> None:
         """End a turn whose producer is gone, if nobody has (the script lets one replica only), and
         store what it streamed, marked interrupted."""
         self._elsewhere.pop(turn_id, None)
         error = protocol.encode(protocol.error(protocol.ProtocolError(TAKEN_OVER, turn_id)))
         end = protocol.encode(protocol.turn_end(turn_id, "interrupted", reply_id, {}))
-        if await self.link.take_over(turn_id, conversation_id, error, end) is None:
+        if await self.link.take_over(turn_id, conversation_id, replica, error, end) is None:
             return  # it ended the usual way
         logger.warning("turn %s was abandoned by its replica; ended it as interrupted", turn_id)
         log = InProcessTurnLog(turn_id)

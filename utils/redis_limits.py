@@ -2,7 +2,7 @@
 
 A window is a sorted set of event times per key (Redis's own clock, so that replicas agree). A gauge
 is a hash per key of one count per replica; a replica that dies stops counting once its heartbeat
-key expires, so a crash does not leave a user's sockets or turns counted for good. If Redis cannot be
+(`utils/redis_log.py`) expires, so a crash does not leave a user's sockets or turns counted for good. If Redis cannot be
 reached, a limit lets the request through: Redis failing already refuses new turns on its own.
 """
 
@@ -14,8 +14,6 @@ from redis.exceptions import RedisError
 from utils.redis_log import RedisLink
 
 logger = logging.getLogger(__name__)
-
-HEARTBEAT_MS = 10_000  # a replica silent this long no longer counts in any gauge
 
 # KEYS: the set. ARGV: period ms, limit, "1" to count an event, a unique member. Returns ms to wait.
 WINDOW = """
@@ -114,7 +112,3 @@ class RedisCounters:
 
     def gauge(self, name: str, limit: int) -> RedisGauge:
         return RedisGauge(self.link, name, limit)
-
-    async def heartbeat(self) -> None:
-        """This replica counts in the gauges for HEARTBEAT_MS from now."""
-        await self.link.client.set(f"{self.link.prefix}replica:{self.link.replica}", "1", px=HEARTBEAT_MS)

@@ -4,9 +4,11 @@ Keys, under the prefix of one deployment:
 
 - `turn:<turn_id>`: a stream of the turn's frames, entry id `k-n` as in `InProcessTurnLog` (chunk k
   is `k-0`), one field `f` holding the frame as sent. It expires a while after the turn ends.
-- `lease:<conversation_id>`: who runs the conversation's turn, `<turn_id> <reply_id> <replica>`. The
-  producer renews it every second; it expires three seconds after the producer dies. Taking it is
-  the arbiter of "one running turn per conversation".
+- `lease:<conversation_id>`: who runs the conversation's turn, `<turn_id> <reply_id> <replica>`.
+  Taking it is the arbiter of "one running turn per conversation"; the producer renews it.
+- `replica:<id>`: a replica's heartbeat, set every second by a thread of its own (so that a busy
+  event loop does not look like a dead process); it expires three seconds after the replica dies,
+  and then the replica's turns are ended by another.
 - `events`: a capped stream every replica reads: a turn started, a conversation changed or was
   deleted, a stop for a turn running elsewhere.
 
@@ -18,11 +20,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -32,8 +36,10 @@ from utils.turn_log import InProcessTurnLog
 
 logger = logging.getLogger(__name__)
 
-LEASE_MS = 3000  # a dead producer's turn is noticed within this, plus a watchdog tick
-RENEW_SECONDS = 1.0
+LEASE_MS = 30_000  # a backstop: a dead producer is noticed by its heartbeat, much sooner
+RENEW_SECONDS = 5.0
+HEARTBEAT_MS = 3000  # a dead replica's turns are ended within this, plus a watchdog tick
+HEARTBEAT_SECONDS = 1.0
 POOL_SIZE = 64  # connections for commands (the blocking reader has its own)
 STREAM_MS = 24 * 3600 * 1000  # a stream outlives its turn by this while it runs (a dead producer's too)
 ENDED_STREAM_MS = 10 * 60 * 1000  # after its turn ends: the stored reply is the record then
@@ -78,11 +84,15 @@ if ARGV[2] == '0' then redis.call('DEL', KEYS[1]) else redis.call('PEXPIRE', KEY
 return 1
 """
 
-# End a turn whose producer is gone, once: only if its lease is no longer its own and its stream has
-# no turn_end yet. KEYS: stream, lease. ARGV: "<turn_id> ", the turn_end frame, the error frame.
+# End a turn whose producer is gone, once: only if its lease is no longer its own, or its replica's
+# heartbeat has stopped, and its stream has no turn_end yet. Its lease goes with it (fencing the
+# producer, should it be alive after all). KEYS: stream, lease, the producer's heartbeat.
+# ARGV: "<turn_id> ", the turn_end frame, the error frame.
 TAKEOVER = f"""
 local holder = redis.call('GET', KEYS[2])
-if holder and string.sub(holder, 1, #ARGV[1]) == ARGV[1] then return nil end
+local its_own = holder and string.sub(holder, 1, #ARGV[1]) == ARGV[1]
+if its_own and redis.call('EXISTS', KEYS[3]) == 1 then return nil end
+if its_own then redis.call('DEL', KEYS[2]) end
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 if #last == 0 then return nil end
 if string.find(last[1][2][2], '"type":"turn_end"', 1, true) then return nil end
@@ -129,6 +139,27 @@ class RedisLink:
     def lease(self, conversation_id: str) -> str:
         return f"{self.prefix}lease:{conversation_id}"
 
+    def heartbeat_key(self, replica: str) -> str:
+        return f"{self.prefix}replica:{replica}"
+
+    def start_heartbeat(self, url: str) -> None:
+        """Keep this replica's heartbeat from a thread of its own: an event loop busy with hundreds of
+        streams must not look like a dead process."""
+        self._stop_beating = threading.Event()
+        beats = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
+        key = self.heartbeat_key(self.replica)
+
+        def beat() -> None:
+            while True:
+                with contextlib.suppress(RedisError, OSError):
+                    beats.set(key, "1", px=HEARTBEAT_MS)
+                if self._stop_beating.wait(HEARTBEAT_SECONDS):
+                    beats.close()
+                    return
+
+        self._beating = threading.Thread(target=beat, name="redis-heartbeat", daemon=True)
+        self._beating.start()
+
     async def claim(self, conversation_id: str, value: str) -> bool:
         return bool(await self.client.set(self.lease(conversation_id), value, nx=True, px=LEASE_MS))
 
@@ -157,10 +188,10 @@ class RedisLink:
                 await self._renew(keys=[self.lease(conversation_id)], args=[lease, LEASE_MS], client=pipe)
             return [bool(held) for held in await pipe.execute()]
 
-    async def take_over(self, turn_id: str, conversation_id: str, error: str, end: str) -> int | None:
-        """Append `error` and `end` to a turn whose producer is gone; the seq they follow, or None if
-        the turn is not abandoned (its producer lives, or someone ended it already)."""
-        keys = [self.stream(turn_id), self.lease(conversation_id)]
+    async def take_over(self, turn_id: str, conversation_id: str, replica: str, error: str, end: str) -> int | None:
+        """Append `error` and `end` to a turn whose producer (on `replica`) is gone; the seq they
+        follow, or None if the turn is not abandoned (its producer lives, or someone ended it)."""
+        keys = [self.stream(turn_id), self.lease(conversation_id), self.heartbeat_key(replica)]
         seq = await self._takeover(keys=keys, args=[turn_id + " ", end, error])
         return None if seq is None else int(seq)
 
@@ -179,6 +210,9 @@ class RedisLink:
         return last[0][0].decode() if last else "0-0"
 
     async def aclose(self) -> None:
+        if hasattr(self, "_beating"):
+            self._stop_beating.set()
+            await asyncio.to_thread(self._beating.join)
         for client in (self.client, self.reader):
             with contextlib.suppress(RedisError, OSError):
                 await client.aclose()
