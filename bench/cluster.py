@@ -46,7 +46,8 @@ def cpu_seconds(pids: list[int]) -> float:
 async def direct(fake_url: str, n: int) -> Run:
     """The leanest read: aiohttp, the SSE lines parsed by hand."""
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    async with aiohttp.ClientSession() as session:
+    # No connection limit: aiohttp's default of 100 would read 300 replies in three waves.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
         async def one() -> tuple[float | None, int, bool]:
             start, first, text = time.perf_counter(), None, []
