@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,6 +31,7 @@ from utils.turn_log import TurnLog
 
 logger = logging.getLogger("pocketchat")
 
+FRAMES, LOGS = 0, 1  # the two senders of a socket
 MAX_QUEUED = 256  # frames and logs waiting for one socket before it counts as fallen behind
 MAX_QUEUED_BYTES = 8 << 20  # and bytes: a `ready` carries the whole history, and hellos are cheap to send
 GONE = (WebSocketDisconnect, WebSocketDisconnected, OSError)  # the socket closed under us
@@ -77,6 +79,7 @@ class Client:
         self._queued_frames = 0  # how many frames were ever queued; and sent:
         self._sent_frames = 0
         self._closing: Close | None = None
+        self._sending_since: list[float | None] = [None, None]  # by sender: FRAMES, LOGS
         self._wake_frames = asyncio.Event()
         self._wake_logs = asyncio.Event()
         self._sending_log: tuple[Follow, asyncio.Task[None]] | None = None
@@ -130,7 +133,8 @@ class Client:
 
     async def serve(self) -> None:
         """Read and send until the socket closes, or must be closed (1013: fell behind; 1011: a bug)."""
-        tasks = [asyncio.create_task(loop()) for loop in (self._read, self._send_frames, self._send_logs)]
+        loops = (self._read, self._send_frames, self._send_logs, self._watch_sends)
+        tasks = [asyncio.create_task(loop()) for loop in loops]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -171,7 +175,7 @@ class Client:
                     raise self._closing
                 self._wake_frames.clear()
                 await self._wake_frames.wait()
-            await self._send_text(self._frames[0])
+            await self._send_text(self._frames[0], FRAMES)
             self._queued_bytes -= len(self._frames.popleft())
             self._sent_frames += 1
             self._wake_logs.set()  # a follow may have waited for this frame (its `ready`)
@@ -196,15 +200,24 @@ class Client:
 
     async def _send_frames_of(self, follow: Follow) -> None:
         async for text in follow.log.follow(follow.after_seq):
-            await self._send_text(text)
+            await self._send_text(text, LOGS)
 
-    async def _send_text(self, text: str) -> None:
-        timeout = self.state.settings.send_timeout
+    async def _send_text(self, text: str, sender: int) -> None:
+        # When the send began, for `_watch_sends`: one clock read a frame, not a timer per frame.
+        self._sending_since[sender] = time.monotonic()
         try:
-            async with asyncio.timeout(timeout):
-                await self.websocket.send_text(text)
-        except TimeoutError:
-            raise FellBehind(f"a frame waited over {timeout:g} s") from None
+            await self.websocket.send_text(text)
+        finally:  # a log's sending may be cancelled (the socket left its conversation)
+            self._sending_since[sender] = None
+
+    async def _watch_sends(self) -> None:
+        """A send that takes longer than --send-timeout means the socket fell behind: close it."""
+        timeout = self.state.settings.send_timeout
+        while True:
+            await asyncio.sleep(timeout / 4)
+            now = time.monotonic()
+            if any(since is not None and now - since > timeout for since in self._sending_since):
+                raise FellBehind(f"a frame waited over {timeout:g} s")
 
     # ---- frames from the client ----------------------------------------------------------------
 
