@@ -125,7 +125,7 @@ class RedisLink:
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=POOL_SIZE, timeout=5, socket_timeout=5, socket_connect_timeout=5, **again
         )
-        self.client = aioredis.Redis(connection_pool=pool)
+        self.client = aioredis.Redis.from_pool(pool)  # closing the client closes its pool
         # XREAD BLOCK holds its connection: a connection of its own, so commands never wait behind it.
         self.reader = aioredis.from_url(url, socket_connect_timeout=5, max_connections=1, **again)
         self.events = prefix + "events"
