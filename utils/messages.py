@@ -36,6 +36,22 @@ class Message:
         names = ("id", "turn_id", "role", "content", "reasoning", "status", "error", "created_at")
         return cls(**{name: row[name] for name in names}, meta=json.loads(row["meta"]))
 
+    def to_row(self, conversation_id: str) -> tuple[Any, ...]:
+        """The message as both stores write it: (id, conversation_id, turn_id, role, content, reasoning,
+        status, error, meta as JSON text, created_at)."""
+        return (
+            self.id,
+            conversation_id,
+            self.turn_id,
+            self.role,
+            self.content,
+            self.reasoning,
+            self.status,
+            self.error,
+            json.dumps(self.meta),
+            self.created_at,
+        )
+
     def to_wire(self) -> dict[str, Any]:
         wire: dict[str, Any] = {"id": self.id, "role": self.role, "content": self.content, "status": self.status}
         if self.reasoning:

@@ -9,7 +9,6 @@ together migrate it once. The URL may hold a password: only its host, port and d
 """
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -519,21 +518,7 @@ class PostgresStore:
     @staticmethod
     def _upsert(conversation_id: str, messages: list[Message], delete_ids: list[str] | None = None) -> Work[None]:
         # The rows are taken now, as queued: a reply goes on changing after its checkpoint is queued.
-        rows = [
-            (
-                m.id,
-                conversation_id,
-                m.turn_id,
-                m.role,
-                m.content,
-                m.reasoning,
-                m.status,
-                m.error,
-                json.dumps(m.meta),
-                m.created_at,
-            )
-            for m in messages
-        ]
+        rows = [m.to_row(conversation_id) for m in messages]
 
         async def work(db: asyncpg.Connection) -> None:
             if delete_ids:

@@ -6,7 +6,6 @@ contend; reads open their own connection on a worker thread (WAL lets them run b
 
 import asyncio
 import hashlib
-import json
 import logging
 import queue
 import sqlite3
@@ -351,21 +350,7 @@ class SqliteStore:
     def _upsert(
         self, conversation_id: str, messages: list[Message], delete_ids: list[str] | None = None
     ) -> Callable[[sqlite3.Connection], None]:
-        rows = [
-            (
-                m.id,
-                conversation_id,
-                m.turn_id,
-                m.role,
-                m.content,
-                m.reasoning,
-                m.status,
-                m.error,
-                json.dumps(m.meta),
-                m.created_at,
-            )
-            for m in messages
-        ]
+        rows = [m.to_row(conversation_id) for m in messages]
 
         def work(db: sqlite3.Connection) -> None:
             db.executemany("DELETE FROM messages WHERE id = ?", [(mid,) for mid in delete_ids or []])
