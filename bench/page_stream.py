@@ -25,7 +25,7 @@ from bench.page_long_chat import OBSERVE_LONG_TASKS
 from tests import chromium
 from tests.conftest import AppProcess
 from tests.fake_openai import FakeOpenAIThread, Reply
-from tests.test_page import FULL_RENDER
+from tests.test_page import BLOCKS_HTML, FULL_RENDER
 
 PACE = 0.01  # seconds between chunks: 100 tokens/s
 # Polled once a second: a tighter wait would cost the page time of its own.
@@ -104,7 +104,8 @@ def measure(context: BrowserContext, url: str, fake_queue, pieces: list[str]) ->
     page.locator("#input").press("Enter")
     page.wait_for_function(REPLY_DONE, polling=1000, timeout=len(pieces) * PACE * 3000 + 60_000)
     run = Run(page.evaluate("window.__longTasks"), task_seconds(cdp) - busy_before, time.monotonic() - started)
-    check_final_render(page, page.locator(".message.assistant").last.locator(".body").inner_html(), "".join(pieces))
+    drawn = page.locator(".message.assistant").last.locator(".body").evaluate(BLOCKS_HTML)
+    check_final_render(page, drawn, "".join(pieces))
     page.close()
     return run
 

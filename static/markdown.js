@@ -41,14 +41,18 @@ const OPEN_BLOCKS = 2;
 // random texts of tricky pieces streamed one character at a time ended different from a full render;
 // with one token, none of 21,700; two cost little more and none of 40,300 differed.
 const RECHECKED = 2;
+// Finished blocks are kept in sections of this many. A section off screen costs the browser no layout or
+// paint (content-visibility in app.css), and one on screen that did not change is laid out from cache; so
+// a frame lays out a few sections and the open blocks, not the thousands of blocks of a long reply.
+const SECTION_BLOCKS = 24;
 
 /**
  * Markdown drawn into an element, as often as its text grows. The first render draws the whole text at
- * once. After that, the finished top-level blocks are drawn once and kept; each render reads and draws
- * again only the open blocks at the end, so a streaming reply costs the size of its last blocks per
- * frame, not the size of the reply. When the text no longer starts with the finished blocks, or a new
- * reading disagrees with them, or a reference-link definition appears or changes (the finished blocks may
- * use it), everything is drawn again.
+ * once. After that, the finished top-level blocks are drawn once and kept, in sections; each render
+ * reads and draws again only the open blocks at the end, so a streaming reply costs the size of its last
+ * blocks per frame, not the size of the reply. When the text no longer starts with the finished blocks,
+ * or a new reading disagrees with them, or a reference-link definition appears or changes (the finished
+ * blocks may use it), everything is drawn again.
  */
 export class MarkdownView {
   constructor(element) {
@@ -65,6 +69,7 @@ export class MarkdownView {
     this.links = {}; // reference-link definitions in the finished blocks
     this.linksJson = ""; // every definition known when the finished blocks were drawn
     this.openNodes = []; // what the open blocks drew
+    this.section = null; // the last section of finished blocks, while it has room
   }
 
   render(text) {
@@ -97,7 +102,7 @@ export class MarkdownView {
 
   /** Draw finished blocks for good, after those already drawn. */
   freeze(tokens, links) {
-    this.element.append(...draw(tokens));
+    for (const node of draw(tokens)) this.keep(node);
     this.frozenText += tokens.map((token) => token.raw).join("");
     const rechecked = tokens.map((token) => ({ length: token.raw.length, json: JSON.stringify(token) }));
     this.rechecked = [...this.rechecked, ...rechecked].slice(-RECHECKED);
@@ -105,6 +110,16 @@ export class MarkdownView {
       if (token.type === "def") this.links[token.tag] ??= { href: token.href, title: token.title };
     }
     this.linksJson = JSON.stringify(links);
+  }
+
+  /** Put a finished block's node at the end of the last section, or of a new one when that is full. */
+  keep(node) {
+    if (!this.section || this.section.childElementCount >= SECTION_BLOCKS) {
+      this.section = document.createElement("div");
+      this.section.className = "blocks";
+      this.element.append(this.section);
+    }
+    this.section.append(node);
   }
 }
 

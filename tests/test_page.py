@@ -144,6 +144,12 @@ FULL_RENDER = """async (text) => {
   new MarkdownView(element).render(text);
   return element.innerHTML;
 }"""
+# A drawn reply's blocks as HTML, out of the sections that a streaming reply keeps its finished blocks in.
+BLOCKS_HTML = """(body) => {
+  const copy = body.cloneNode(true);
+  for (const section of copy.querySelectorAll(":scope > .blocks")) section.replaceWith(...section.childNodes);
+  return copy.innerHTML;
+}"""
 
 
 def test_a_streamed_reply_keeps_its_finished_blocks_and_ends_as_a_full_render(page: Page, fake: FakeOpenAI):
@@ -165,7 +171,7 @@ def test_a_streamed_reply_keeps_its_finished_blocks_and_ends_as_a_full_render(pa
     for language in ["python", "javascript", "rust", "sql"]:
         expect(reply.locator(f"pre code.hljs.language-{language}")).to_have_count(1)
     expect(reply.locator("a[href='https://example.org/docs']")).to_have_text("reference link")
-    assert reply.locator(".body").inner_html() == page.evaluate(FULL_RENDER, STREAMED_MARKDOWN)
+    assert reply.locator(".body").evaluate(BLOCKS_HTML) == page.evaluate(FULL_RENDER, STREAMED_MARKDOWN)
 
 
 # Texts after which marked changes its mind about lines it has read as more text arrives: lists that go
@@ -184,10 +190,14 @@ TRICKY_PIECES = [
     "| 1 | 2 |\n", "```python\nx = 1\n", "```\n", "~~~\n", "    indented\n", "> quote\n", "<div>\n",
     "<!-- c -->\n", "[ref][foo]\n", "[foo]: https://example.org/foo\n", "[Foo]\n", "x  \n", "\\\n",
 ]  # fmt: skip
-# Render each text in turn into one element, block by block; the first whose drawing differs from a full
-# render of it, or null.
-FIRST_DIFFERENT = """async (texts) => {
+# Render each text in turn into one element, block by block: the first whose drawing differs from a full
+# render of it (or null), and the most sections of finished blocks the element had.
+FIRST_DIFFERENT = (
+    """async (texts) => {
   const { MarkdownView } = await import("/static/markdown.js");
+  const blocksHtml = """
+    + BLOCKS_HTML
+    + """;
   const full = (text) => {
     const element = document.createElement("div");
     new MarkdownView(element).render(text);
@@ -195,20 +205,26 @@ FIRST_DIFFERENT = """async (texts) => {
   };
   const element = document.createElement("div");
   const view = new MarkdownView(element);
-  return texts.find((text) => {
+  let sections = 0;
+  const different = texts.find((text) => {
     view.render(text);
-    return element.innerHTML !== full(text);
+    sections = Math.max(sections, element.querySelectorAll(":scope > .blocks").length);
+    return blocksHtml(element) !== full(text);
   }) ?? null;
+  return [different, sections];
 }"""
+)
 
 
 def test_markdown_drawn_block_by_block_equals_a_full_render_at_every_step(page: Page):
     pick = random.Random(8)
     texts = TRICKY_TEXTS + ["".join(pick.choices(TRICKY_PIECES, k=pick.randint(3, 14))) for _ in range(150)]
     texts.append("# One\n\na\n\nb\n\nc\n\nd\n")
+    texts.append("".join(f"## Part {i}\n\nProse {i}.\n\n- item\n" for i in range(20)))  # several sections
     growing = [text[:end] for text in texts for end in range(1, len(text) + 1)]
     edited = "# Two\n\na\n\nb\n\nc\n\nd\n"  # a change among the finished blocks of the text before
-    assert page.evaluate(FIRST_DIFFERENT, [*growing, edited]) is None
+    different, sections = page.evaluate(FIRST_DIFFERENT, [*growing, edited])
+    assert different is None and sections >= 2
 
 
 XSS = (
