@@ -123,6 +123,27 @@ export class MarkdownView {
   }
 }
 
+// A page's first render compiles marked's and DOMPurify's code and each language's grammar: tens of
+// milliseconds that would otherwise fall into the first frames of the first reply with code. So the
+// page does it while idle, one short piece per idle period: a sample of Markdown, then each language
+// that replies use most.
+const SAMPLE = "# A\n\nSome *text*, `code` and a [link](https://example.org).\n\n- one\n1. two\n\n> quote\n\n" +
+  "| a | b |\n|---|---|\n| 1 | 2 |\n\n```text\nx\n```\n";
+const COMMON_LANGUAGES = ["python", "javascript", "typescript", "bash", "json", "sql", "xml", "css", "java", "c",
+  "cpp", "csharp", "go", "rust", "yaml", "markdown"];
+
+function warmUp() {
+  const pieces = [() => draw(marked.lexer(SAMPLE)), ...COMMON_LANGUAGES.map((language) => () => {
+    if (hljs.getLanguage(language)) hljs.highlight("x = 1", { language });
+  })];
+  const next = () => {
+    pieces.shift()();
+    if (pieces.length) requestIdleCallback(next);
+  };
+  requestIdleCallback(next);
+}
+if (typeof requestIdleCallback === "function") warmUp();
+
 /** How many leading tokens are finished: all but the last OPEN_BLOCKS blocks and the blank lines between. */
 function countFinished(tokens) {
   let end = tokens.length;
