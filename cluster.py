@@ -71,7 +71,10 @@ class SingleProcess:
     async def adopt(self, conversation: Conversation) -> None:
         return None
 
-    def remember_new(self, record: ConversationRecord) -> None:
+    async def remember_new(self, record: ConversationRecord) -> None:
+        return None
+
+    def refresh_new(self, record: ConversationRecord) -> None:
         return None
 
     async def find_new(self, conversation_id: str) -> ConversationRecord | None:
@@ -298,12 +301,16 @@ class Cluster:
 
     # ---- new conversations (stored with their first turn) ---------------------------------------
 
-    def remember_new(self, record: ConversationRecord) -> None:
-        self._background(self._remember(record))
-
-    async def _remember(self, record: ConversationRecord) -> None:
+    async def remember_new(self, record: ConversationRecord) -> None:
+        # Without Redis, only this replica has it, as with every conversation then; and a new chat
+        # does not wait on a Redis known to be down.
+        if self.failure is not None:
+            return
         with contextlib.suppress(RedisError, OSError):
             await self.link.client.set(self._new_key(record.id), json.dumps(asdict(record)), ex=UNSTORED_KEEP)
+
+    def refresh_new(self, record: ConversationRecord) -> None:
+        self._background(self.remember_new(record))
 
     async def find_new(self, conversation_id: str) -> ConversationRecord | None:
         try:

@@ -8,9 +8,9 @@ through the whole app, in three ways measured in the same run:
 
 It reports time to first chunk (p50, p99) at the sending socket, wall time, chunks/s and the app
 processes' CPU time per chunk, checks that every reply arrived complete and in order on both
-sockets, and prints replicas/single ratios (target at 300: p99 first chunk within 3x, wall within
-1.5x, no failure). Last, it measures what batching the Redis copies once per event-loop tick saves
-over one XADD per chunk.
+sockets (a failure is printed: which way, which socket, what it saw), and prints replicas/single
+ratios (target at 300: p99 first chunk within 3x, wall within 1.5x, no failure). Last, it measures
+what batching the Redis copies once per event-loop tick saves over one XADD per chunk.
 
     .venv/bin/python -m bench.cluster [--conversations 300] [--repeat 3]
 """
@@ -66,19 +66,38 @@ async def direct(fake_url: str, n: int) -> Run:
         return summarize(results, time.perf_counter() - start)
 
 
-async def follow(ws: websockets.ClientConnection, start: float | None) -> tuple[float | None, int, bool]:
-    """Read one turn on a socket: time to its first chunk (from `start`), chunks, complete and in order."""
-    first, text, seqs = None, [], []
-    while True:
-        frame = json.loads(await asyncio.wait_for(ws.recv(), 60))  # a reply that never ends is a failure
-        if frame["type"] == "chunk":
-            if start is not None and first is None:
-                first = time.perf_counter() - start
-            text.append(frame["content"])
-            seqs.append(frame["seq"])
-        elif frame["type"] == "turn_end":
-            ok = frame["status"] == "complete" and seqs == list(range(1, TOKENS + 1)) and "".join(text) == EXPECTED
-            return first, len(seqs), ok
+async def follow(ws: websockets.ClientConnection, start: float | None, hello: dict) -> tuple[float | None, int, str]:
+    """Read one turn on a socket whose hello was answered `hello`: time to its first chunk (from
+    `start`), chunks, and what was wrong with the reply ("": it arrived complete and in order)."""
+    if hello["type"] != "ready":
+        return None, 0, f"hello answered {hello['type']} {hello.get('code', '')}"
+    first, text, seqs, errors = None, [], [], []
+    try:
+        while True:
+            frame = json.loads(await asyncio.wait_for(ws.recv(), 60))  # a reply that never ends is a failure
+            if frame["type"] == "chunk":
+                if start is not None and first is None:
+                    first = time.perf_counter() - start
+                text.append(frame["content"])
+                seqs.append(frame["seq"])
+            elif frame["type"] == "error":
+                errors.append(frame["code"])
+            elif frame["type"] == "turn_end":
+                return first, len(seqs), fault(frame["status"], seqs, "".join(text), errors)
+    except (TimeoutError, websockets.ConnectionClosed) as error:
+        return first, len(seqs), f"{len(seqs)} chunks, then {error!r}"
+
+
+def fault(status: str, seqs: list[int], text: str, errors: list[str]) -> str:
+    """What is wrong with a reply that ended ("": nothing): its status, errors, the first seq out of place."""
+    wrong = [f"error {code}" for code in errors]
+    if (due := next((i for i, seq in enumerate(seqs, 1) if seq != i), None)) is not None:
+        wrong.append(f"seq {seqs[due - 1]} where {due} was due")  # higher: one missing; lower: one twice
+    elif len(seqs) != TOKENS or text != EXPECTED:
+        wrong.append("text differs")
+    if status != "complete" or wrong:
+        return ", ".join([f"{len(seqs)} chunks, turn_end {status}", *wrong])
+    return ""
 
 
 async def through_app(url: str, n: int, pids: list[int], headers: dict[str, str]) -> Run:
@@ -88,24 +107,26 @@ async def through_app(url: str, n: int, pids: list[int], headers: dict[str, str]
     for _ in range(n):
         sender = await websockets.connect(url, max_size=None, additional_headers=headers)
         await sender.send('{"type":"hello"}')
-        session = json.loads(await sender.recv())["session_id"]
+        ready = json.loads(await sender.recv())
         follower = await websockets.connect(url, max_size=None, additional_headers=headers)
-        await follower.send(json.dumps({"type": "hello", "session_id": session}))
-        await follower.recv()
-        pairs.append((sender, follower))
+        await follower.send(json.dumps({"type": "hello", "session_id": ready["session_id"]}))
+        pairs.append((sender, ready, follower, json.loads(await follower.recv())))
 
-    async def one(sender: websockets.ClientConnection, follower: websockets.ClientConnection) -> tuple:
+    async def one(
+        sender: websockets.ClientConnection, ready: dict, follower: websockets.ClientConnection, answer: dict
+    ) -> tuple:
         start = time.perf_counter()
         await sender.send('{"type":"message","content":"hi"}')
-        sent, followed = await asyncio.gather(follow(sender, start), follow(follower, None))
-        return sent[0], sent[1], sent[2] and followed[2]
+        sent, followed = await asyncio.gather(follow(sender, start, ready), follow(follower, None, answer))
+        why = "; ".join(f"{who}: {read[2]}" for who, read in (("sender", sent), ("follower", followed)) if read[2])
+        return sent[0], sent[1], not why, why
 
     cpu_before = cpu_seconds(pids)
     start = time.perf_counter()
     results = await asyncio.gather(*(one(*pair) for pair in pairs), return_exceptions=True)
     wall = time.perf_counter() - start
     cpu = cpu_seconds(pids) - cpu_before
-    await asyncio.gather(*(ws.close() for pair in pairs for ws in pair))
+    await asyncio.gather(*(pair[i].close() for pair in pairs for i in (0, 2)))
     return summarize(results, wall, cpu)
 
 
@@ -164,6 +185,11 @@ async def measure(n: int, repeat: int, fake_url: str, single: AppProcess, balanc
         pids = [replica.process.pid for replica in replicas]
         runs["replicas"].append(await through_app(balancer.ws_url, n, pids, {"Cookie": sign_in(replicas[0].url)}))
     m = report(runs, n)
+    failed = [f"{who}, run {i}: {why}" for who, rs in runs.items() for i, r in enumerate(rs, 1) for why in r.why]
+    for line in failed[:10]:
+        print("failed", line)
+    if len(failed) > 10:
+        print(f"... and {len(failed) - 10} more")
     rep, one = m["replicas"], m["single"]
     print(
         f"\nreplicas/single: p99 first chunk x{rep['p99'] / one['p99']:.2f} (target <= 3), wall"

@@ -22,7 +22,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import openai
@@ -45,6 +45,7 @@ class Run:
     chunks: int
     failures: int
     cpu: float = 0.0  # seconds of the app processes' CPU, where measured (bench/cluster.py)
+    why: list[str] = field(default_factory=list)  # what went wrong, one line per failed conversation
 
     def p(self, q: float) -> float:
         ordered = sorted(self.ttfts)
@@ -140,14 +141,17 @@ async def through_app(ws_url: str, n: int) -> Run:
 
 
 def summarize(results: list, wall: float, cpu: float = 0.0) -> Run:
-    ttfts, chunks, failures = [], 0, 0
+    """Results are (first chunk s, chunks, ok[, what went wrong]) or the exception a conversation raised."""
+    ttfts, chunks, why = [], 0, []
     for result in results:
-        if isinstance(result, BaseException) or not result[2] or result[0] is None:
-            failures += 1
-            continue
-        ttfts.append(result[0])
-        chunks += result[1]
-    return Run(ttfts, wall, chunks, failures, cpu)
+        if isinstance(result, BaseException):
+            why.append(repr(result))
+        elif not result[2] or result[0] is None:
+            why.append(result[3] if len(result) > 3 else f"{result[1]} chunks, incomplete or out of order")
+        else:
+            ttfts.append(result[0])
+            chunks += result[1]
+    return Run(ttfts, wall, chunks, len(why), cpu, why)
 
 
 async def measure(levels: list[int], repeat: int, fake_url: str, ws_url: str) -> None:

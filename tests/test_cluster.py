@@ -11,11 +11,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from tests.cluster import TOKEN, Nginx, post, sign_in, start_replica
-from tests.conftest import AppProcess, ChatClient, reply_text
+from tests.conftest import NO_LIMITS, AppProcess, ChatClient, reply_text
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.services import PrivateRedis
 from tests.test_protocol import wait_for
@@ -137,6 +138,20 @@ def test_a_client_hopping_replicas_every_few_chunks_ends_with_a_byte_identical_t
     assert hops >= 6
     for replica in replicas:  # both served the hopper
         assert replica.logs().count('"WebSocket /ws" [accepted]') >= 3
+
+
+def test_a_new_conversation_opens_on_the_other_replica_as_soon_as_its_ready_arrives(another_replica, private_redis):
+    # Redis holds every write for 2 s, and answers reads: however late A's write of the new
+    # conversation lands, its id must not reach the page before B can find it.
+    a, b = (another_replica(*NO_LIMITS, POCKETCHAT_REDIS_URL=private_redis.url) for _ in range(2))
+    cookie = sign_in(a.url)
+    on_a, on_b = client(a.ws_url, cookie), client(b.ws_url, cookie)
+    with redis.Redis.from_url(private_redis.url) as pausing:
+        pausing.client_pause(2000, all=False)
+    session = on_a.hello()["session_id"]
+    on_b.send("hello", session_id=session)
+    answer = on_b.recv()
+    assert (answer["type"], answer.get("session_id")) == ("ready", session), answer
 
 
 # 2. One running turn per conversation, across replicas

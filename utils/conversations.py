@@ -174,8 +174,11 @@ class Coordinator(Protocol):
 
     async def adopt(self, conversation: "Conversation") -> None: ...
 
-    def remember_new(self, record: ConversationRecord) -> None:
-        """Keep a new conversation where other replicas find it (for UNSTORED_KEEP_SECONDS)."""
+    async def remember_new(self, record: ConversationRecord) -> None:
+        """Keep a new conversation where other replicas find it (for UNSTORED_KEEP_SECONDS); done once they can."""
+
+    def refresh_new(self, record: ConversationRecord) -> None:
+        """`remember_new` again, from now, not waited for."""
 
     async def find_new(self, conversation_id: str) -> ConversationRecord | None: ...
 
@@ -214,14 +217,18 @@ class Hub:
         return list(self._live.values())
 
     def create(self, owner: str, model: str, system_prompt: str) -> Conversation:
-        """A new conversation, in memory until `ensure_stored`."""
+        """A new conversation, in memory until `ensure_stored`; only here until `share`."""
         record = ConversationRecord(model=model, system_prompt=system_prompt, owner=owner)
         conversation = Conversation(record, [], stored=False, new_log=self._new_log)
         self._live[conversation.id] = conversation
-        if self.coordinator is not None:
-            self.coordinator.remember_new(record)
         self._let_go_of_old_unstored()
         return conversation
+
+    async def share(self, conversation: Conversation) -> None:
+        """Let the other replicas find a new conversation. Its id must not go out before: a page that
+        has it may open it through any replica at once (a second tab, a reconnect)."""
+        if self.coordinator is not None:
+            await self.coordinator.remember_new(conversation.record)
 
     def open_turn(self, conversation: Conversation, turn: Turn) -> asyncio.Future[None]:
         """Queue the writes that start a turn (and store a new conversation with it)."""
@@ -301,7 +308,7 @@ class Hub:
         self._unstored[conversation.id] = time.monotonic() + UNSTORED_KEEP_SECONDS
         self._unstored.move_to_end(conversation.id)
         if self.coordinator is not None:
-            self.coordinator.remember_new(conversation.record)  # ten minutes from now, there too
+            self.coordinator.refresh_new(conversation.record)  # ten minutes from now, there too
         self._let_go_of_old_unstored()
 
     def _idle(self, conversation: Conversation) -> bool:
