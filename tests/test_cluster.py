@@ -80,6 +80,13 @@ def client(ws_url: str, cookie: str) -> ChatClient:
     return ChatClient(connect(ws_url, additional_headers={"Cookie": cookie}, max_size=None, legacy=True))
 
 
+def tabs_on_both_replicas(balancer: Nginx, replicas: list[AppProcess], cookie: str) -> tuple[ChatClient, ChatClient]:
+    """Two tabs through nginx, as a browser's would come: round-robin puts them on different replicas."""
+    tabs = client(balancer.ws_url, cookie), client(balancer.ws_url, cookie)
+    wait_for(lambda: [app.logs().count('"WebSocket /ws" [accepted]') for app in replicas] == [1, 1], timeout=5)
+    return tabs
+
+
 def chunks(frames: list[dict]) -> list[dict]:
     return [f for f in frames if f["type"] == "chunk"]
 
@@ -87,9 +94,9 @@ def chunks(frames: list[dict]) -> list[dict]:
 # 1. Any replica serves any conversation
 
 
-def test_two_tabs_on_two_replicas_see_one_stream_byte_for_byte(replicas, cookie, fake):
+def test_two_tabs_on_two_replicas_see_one_stream_byte_for_byte(replicas, balancer, cookie, fake):
     fake.queue(Reply(count=30, pace=0.01))
-    on_a, on_b = client(replicas[0].ws_url, cookie), client(replicas[1].ws_url, cookie)
+    on_a, on_b = tabs_on_both_replicas(balancer, replicas, cookie)
     session = on_a.hello()["session_id"]  # new, not stored yet: B finds it all the same
     assert on_b.hello(session)["session_id"] == session
     on_a.send("message", content="hello both replicas")
@@ -157,9 +164,9 @@ def test_a_new_conversation_opens_on_the_other_replica_as_soon_as_its_ready_arri
 # 2. One running turn per conversation, across replicas
 
 
-def test_a_message_on_b_while_a_turn_runs_on_a_is_turn_in_progress(replicas, cookie, fake):
+def test_a_message_on_b_while_a_turn_runs_on_a_is_turn_in_progress(replicas, balancer, cookie, fake):
     fake.queue(Reply(count=40, pace=0.02))
-    on_a, on_b = client(replicas[0].ws_url, cookie), client(replicas[1].ws_url, cookie)
+    on_a, on_b = tabs_on_both_replicas(balancer, replicas, cookie)
     session = on_a.hello()["session_id"]
     on_b.hello(session)
     on_a.send("message", content="first")
@@ -174,9 +181,11 @@ def test_a_message_on_b_while_a_turn_runs_on_a_is_turn_in_progress(replicas, coo
 # 3. Stop from anywhere
 
 
-def test_a_stop_sent_to_b_ends_the_turn_on_a_and_the_provider_sees_its_connection_close(replicas, cookie, fake):
+def test_a_stop_sent_to_b_ends_the_turn_on_a_and_the_provider_sees_its_connection_close(
+    replicas, balancer, cookie, fake
+):
     fake.queue(Reply(count=500, pace=0.02))
-    on_a, on_b = client(replicas[0].ws_url, cookie), client(replicas[1].ws_url, cookie)
+    on_a, on_b = tabs_on_both_replicas(balancer, replicas, cookie)
     session = on_a.hello()["session_id"]
     on_b.hello(session)
     on_a.send("message", content="go on and on")
