@@ -125,19 +125,27 @@ export class MarkdownView {
 
 // A page's first render compiles marked's and DOMPurify's code and each language's grammar: tens of
 // milliseconds that would otherwise fall into the first frames of the first reply with code. So the
-// page does it while idle, one short piece per idle period: a sample of Markdown, then each language
-// that replies use most.
-const SAMPLE = "# A\n\nSome *text*, `code` and a [link](https://example.org).\n\n- one\n1. two\n\n> quote\n\n" +
-  "| a | b |\n|---|---|\n| 1 | 2 |\n\n```text\nx\n```\n";
-const COMMON_LANGUAGES = ["python", "javascript", "typescript", "bash", "json", "sql", "xml", "css", "java", "c",
-  "cpp", "csharp", "go", "rust", "yaml", "markdown"];
+// page does it while idle, one piece per idle period, each short enough not to be a long task itself
+// (under 25 ms on the test machine): samples of Markdown read, one kind of block at a time; all of
+// them turned to HTML, then sanitized, then drawn; then the grammars of common languages. Java's and
+// C#'s are left out: each takes 50-100 ms to compile, a long task wherever it falls.
+const SAMPLES = ["# A\n", "Some *text*, `code` and a [link](https://example.org).\n", "- one\n1. two\n\n> quote\n",
+  "| a | b |\n|---|---|\n| 1 | 2 |\n", "```text\nx\n```\n"];
+const COMMON_LANGUAGES = ["python", "javascript", "typescript", "bash", "json", "sql", "xml", "css", "c", "cpp", "go",
+  "rust", "yaml", "markdown"];
 
 function warmUp() {
-  const pieces = [() => draw(marked.lexer(SAMPLE)), ...COMMON_LANGUAGES.map((language) => () => {
-    if (hljs.getLanguage(language)) hljs.highlight("x = 1", { language });
-  })];
+  const sample = SAMPLES.join("\n");
+  const pieces = [
+    ...SAMPLES.map((text) => () => marked.lexer(text)),
+    () => marked.parser(marked.lexer(sample)),
+    (html) => DOMPurify.sanitize(html, PURIFY),
+    () => draw(marked.lexer(sample)),
+    ...COMMON_LANGUAGES.map((language) => () => hljs.highlight("x = 1", { language })),
+  ];
+  let result; // each piece gets the one before's
   const next = () => {
-    pieces.shift()();
+    result = pieces.shift()(result);
     if (pieces.length) requestIdleCallback(next);
   };
   requestIdleCallback(next);
