@@ -197,6 +197,12 @@ class Cluster:
 
     async def started(self, conversation: Conversation, turn: Turn, lease: str) -> None:
         self._produced[turn.id] = (turn, conversation.id, lease)
+        # Told without holding up the turn: a burst of turns waiting for this spread their provider
+        # requests over a second and more, and the late ones waited behind the early ones' streams.
+        self._background(self._announce(conversation, turn))
+
+    async def _announce(self, conversation: Conversation, turn: Turn) -> None:
+        """Tell the other replicas of a turn that runs here."""
         event = {"kind": "turn", "conversation": conversation.id, "turn": turn.id, "reply": turn.reply.id}
         try:
             assert isinstance(turn.log, ProducedLog)
