@@ -249,10 +249,10 @@ class Client:
         state = self.state
         if session_id:
             conversation = await state.hub.open(session_id, self.user)
-            self._attach(conversation)
         else:
             conversation = await state.new_conversation(self.user)
-            self._attach(conversation)  # first: a socket that closes meanwhile lets it go as usual
+        self._attach(conversation)  # before sharing it: a socket that closes meanwhile lets it go as usual
+        if not session_id:
             await state.hub.share(conversation)  # before `ready` tells its id
         frame, log, after_seq = conversation.ready_frame(self.state.provider.describe())
         self.send(frame)

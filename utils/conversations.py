@@ -175,7 +175,8 @@ class Coordinator(Protocol):
     async def adopt(self, conversation: "Conversation") -> None: ...
 
     async def remember_new(self, record: ConversationRecord) -> None:
-        """Keep a new conversation where other replicas find it (for UNSTORED_KEEP_SECONDS); done once they can."""
+        """Keep a new conversation where other replicas find it (for UNSTORED_KEEP_SECONDS); returns
+        once they can."""
 
     def refresh_new(self, record: ConversationRecord) -> None:
         """`remember_new` again, from now, not waited for."""
