@@ -35,7 +35,7 @@ import websockets
 from bench.load import EXPECTED, PACE_MS, TOKENS, Run, summarize
 from tests.cluster import TOKEN, Nginx, sign_in, start_replica
 from tests.conftest import NO_LIMITS, ROOT, AppProcess
-from tests.services import REDIS_URL, free_port, fresh_database
+from tests.services import REDIS_URL, free_port, fresh_database, fresh_redis_prefix
 from utils.redis_log import Copier, ProducedLog, RedisLink
 
 
@@ -211,7 +211,7 @@ def main() -> None:
     fake_port = free_port()
     fake_url = f"http://127.0.0.1:{fake_port}/v1"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with tempfile.TemporaryDirectory() as tmp, fresh_database() as database_url:
+    with tempfile.TemporaryDirectory() as tmp, fresh_database() as database_url, fresh_redis_prefix("bench") as prefix:
         fake = subprocess.Popen(
             [sys.executable, "-m", "tests.fake_openai", "--port", str(fake_port), "--tokens", str(TOKENS),
              "--pace-ms", str(PACE_MS)],
@@ -223,7 +223,7 @@ def main() -> None:
         shared = {
             "POCKETCHAT_DATABASE_URL": database_url,
             "POCKETCHAT_REDIS_URL": REDIS_URL,
-            "POCKETCHAT_REDIS_PREFIX": f"pocketchat_bench_{os.getpid()}:",
+            "POCKETCHAT_REDIS_PREFIX": prefix,
             "POCKETCHAT_TOKEN": TOKEN,
         }
         replicas: list[AppProcess] = []

@@ -151,17 +151,27 @@ def redis_server() -> str:
     unavailable(f"{problem}; POCKETCHAT_TEST_REDIS names another server")
 
 
+@contextmanager
+def fresh_redis_prefix(kind: str = "test") -> Iterator[str]:
+    """A key prefix of its own on the shared Redis for as long as the block runs; its keys are
+    deleted after (streams, events, gauges: not all of them expire on their own)."""
+    prefix = f"pocketchat_{kind}_{os.getpid()}_{secrets.token_hex(4)}:"
+    try:
+        yield prefix
+    finally:
+        client = redis.Redis.from_url(REDIS_URL)
+        try:
+            for key in client.scan_iter(match=prefix + "*", count=1000):
+                client.delete(key)
+        finally:
+            client.close()
+
+
 @pytest.fixture
 def redis_prefix(redis_server: str) -> Iterator[str]:
     """A key prefix of this test's own on the shared Redis; its keys are deleted after."""
-    prefix = f"pocketchat_test_{os.getpid()}_{secrets.token_hex(4)}:"
-    yield prefix
-    client = redis.Redis.from_url(redis_server)
-    try:
-        for key in client.scan_iter(match=prefix + "*", count=1000):
-            client.delete(key)
-    finally:
-        client.close()
+    with fresh_redis_prefix() as prefix:
+        yield prefix
 
 
 class PrivateRedis:
