@@ -1,5 +1,5 @@
 // The conversation on screen. Each message is one element that re-renders only when it changed,
-// at most once per animation frame, and a streaming reply redraws only its last Markdown block; a long
+// at most once per animation frame, and a streaming reply redraws only its last Markdown blocks; a long
 // history is drawn newest first in small batches so the page never freezes; the view sticks to the
 // bottom while a reply streams unless the user scrolled up.
 import { MarkdownView } from "./markdown.js";
