@@ -232,7 +232,6 @@ class Client:
             if turn is not None and frame.turn_id in (None, turn.id):
                 self.state.coordinator.stop(turn)  # here, or on the replica that runs it
             return
-        await self.state.limits.check_message(self.user)
         begin: Callable[[TurnIds], Turn]
         if isinstance(frame, protocol.Message):
             conversation = conversation or await self.hello(None)

@@ -27,10 +27,13 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from utils import protocol
-from utils.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn
+from utils.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn, TurnIds
+from utils.limits import Lease, Limits, LocalCounters, Taken
 from utils.messages import ConversationRecord, Message, new_id
-from utils.protocol import TurnInProgress, Unavailable
-from utils.redis_log import RENEW_SECONDS, Copier, Fenced, ProducedLog, RedisLink
+from utils.protocol import Unavailable
+from utils.redis_limits import RedisCounters
+from utils.redis_log import LEASE_MS, RENEW_SECONDS, Copier, Fenced, ProducedLog, RedisLink
+from utils.settings import Settings
 from utils.store import Store
 from utils.turn_log import InProcessTurnLog, TurnLog, parse_key
 
@@ -50,14 +53,18 @@ class SingleProcess:
 
     failure: str | None = None
 
+    def __init__(self, settings: Settings) -> None:
+        self.limits = Limits(settings, LocalCounters())
+
     def new_log(self, turn_id: str) -> TurnLog:
         return InProcessTurnLog(turn_id)
 
-    async def claim(self, conversation: Conversation, turn_id: str, reply_id: str) -> str:
-        return ""  # the conversation itself refuses a second turn
+    async def claim(self, conversation: Conversation, ids: TurnIds, user: str) -> Taken:
+        # The user's limits only: the conversation itself refuses a second turn.
+        return await self.limits.take_message(user)
 
-    def release_claim(self, conversation: Conversation, lease: str) -> None:
-        return None
+    async def release_claim(self, conversation: Conversation, taken: Taken) -> None:
+        await self.limits.give_back(taken)
 
     async def started(self, conversation: Conversation, turn: Turn, lease: str) -> None:
         return None
@@ -108,9 +115,10 @@ class Mirror:
 
 
 class Cluster:
-    def __init__(self, url: str, prefix: str, hub: Hub, store: Store) -> None:
+    def __init__(self, settings: Settings, url: str, hub: Hub, store: Store) -> None:
         self.url = url
-        self.link = RedisLink(url, prefix, replica=new_id()[:12])
+        self.link = RedisLink(url, settings.redis_prefix, replica=new_id()[:12])
+        self.limits = Limits(settings, RedisCounters(self.link))  # a user's limits hold across replicas
         self.hub = hub
         self.store = store
         self.failure: str | None = None  # why Redis cannot be reached now
@@ -170,26 +178,28 @@ class Cluster:
         conversation_id, lease = self._claims.pop(turn_id, ("", ""))  # the log is born holding its lease
         return ProducedLog(turn_id, conversation_id, lease, self._copier)
 
-    async def claim(self, conversation: Conversation, turn_id: str, reply_id: str) -> str:
-        """Take the conversation's lease for a new turn: the one arbiter of a running turn, cluster-wide."""
-        lease = f"{turn_id} {reply_id} {self.link.replica}"
+    async def claim(self, conversation: Conversation, ids: TurnIds, user: str) -> Taken:
+        """Take the conversation's lease for a new turn, the one arbiter of a running turn cluster-wide,
+        with the user's limits: one Redis call, the only one before the turn's provider request."""
+        lease = Lease(self.link.lease(conversation.id), f"{ids.turn} {ids.reply} {self.link.replica}", LEASE_MS)
         if (finishing := self._finishing.get(conversation.id)) is not None:
             await asyncio.shield(finishing)  # the turn that just ended here still holds the lease
         try:
-            taken = await self.link.claim(conversation.id, lease)
+            taken = await self.limits.take_message(user, lease)
         except (RedisError, OSError) as error:
             raise Unavailable(
                 f"PocketChat cannot start a reply now: Redis, which links its replicas, is unreachable ({error}). "
                 "Try again in a moment."
             ) from None
-        if not taken:
-            raise TurnInProgress("A reply is still being written; stop it or wait for it to finish.")
-        self._claims[turn_id] = (conversation.id, lease)
-        return lease
+        self._claims[ids.turn] = (conversation.id, lease.value)
+        return taken
 
-    def release_claim(self, conversation: Conversation, lease: str) -> None:
-        self._claims.pop(lease.partition(" ")[0], None)
-        self._background(self._release(conversation.id, lease))
+    async def release_claim(self, conversation: Conversation, taken: Taken) -> None:
+        """The turn could not begin after all: its lease and its count go back, without waiting."""
+        assert taken.lease is not None
+        self._claims.pop(taken.lease.value.partition(" ")[0], None)
+        self._background(self._release(conversation.id, taken.lease.value))
+        self._background(self.limits.give_back(taken))
 
     async def _release(self, conversation_id: str, lease: str) -> None:
         with contextlib.suppress(RedisError, OSError):

@@ -11,11 +11,9 @@ from auth import SignIn
 from cluster import Cluster, SingleProcess
 from utils import protocol
 from utils.conversations import Conversation, Hub
-from utils.limits import Limits, LocalCounters
 from utils.llm_stream import ChatProvider
 from utils.metrics import Metrics
 from utils.protocol import ProviderError
-from utils.redis_limits import RedisCounters
 from utils.settings import Settings
 from utils.store import Store
 
@@ -34,12 +32,11 @@ class AppState:
         self.store = store
         self.provider = provider
         self.hub = Hub(store)
-        self.coordinator: SingleProcess | Cluster = SingleProcess()
+        self.coordinator: SingleProcess | Cluster = SingleProcess(settings)
         if settings.redis_url is not None:
-            self.coordinator = Cluster(settings.redis_url.get_secret_value(), settings.redis_prefix, self.hub, store)
+            self.coordinator = Cluster(settings, settings.redis_url.get_secret_value(), self.hub, store)
             self.hub.coordinator = self.coordinator
-        counters = RedisCounters(self.coordinator.link) if isinstance(self.coordinator, Cluster) else LocalCounters()
-        self.limits = Limits(settings, counters)
+        self.limits = self.coordinator.limits  # counted here, or in Redis across replicas
         self.metrics = Metrics(lambda: sum(1 for turn in self.hub.running_turns if turn.task is not None))
         store.timing = self.metrics.store_writes.observe
         if isinstance(self.coordinator, Cluster):

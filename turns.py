@@ -18,15 +18,16 @@ CHECKPOINT_SECONDS = 2.0
 
 
 async def begin_turn(state: AppState, conversation: Conversation, begin: Callable[[TurnIds], Turn], user: str) -> None:
-    """Claim a turn (with replicas, cluster-wide), begin it in the conversation, and run it."""
+    """Claim a turn (the user's limits, and with replicas the conversation cluster-wide), begin it in
+    the conversation, and run it."""
     ids = TurnIds()
-    lease = await state.coordinator.claim(conversation, ids.turn, ids.reply)
+    taken = await state.coordinator.claim(conversation, ids, user)
     try:
         turn = begin(ids)
-    except BaseException:
-        state.coordinator.release_claim(conversation, lease)
+    except Exception:
+        await state.coordinator.release_claim(conversation, taken)
         raise
-    await state.limits.count_message(user)
+    lease = taken.lease.value if taken.lease is not None else ""
     turn.task = asyncio.create_task(run_turn(state, conversation, turn, lease))
 
 

@@ -134,7 +134,7 @@ async def batching(n: int) -> tuple[float, float]:
     """Seconds to copy n chunk entries to a Redis stream: once per event-loop tick (the app's way, a
     burst of appends in one tick goes as one call), and one awaited XADD per chunk."""
     link = RedisLink(REDIS_URL, f"pocketchat_bench_{os.getpid()}:", "bench")
-    await link.claim("c1", "t1 r1 bench")
+    await link.client.set(link.lease("c1"), "t1 r1 bench")
     log = ProducedLog("t1", "c1", "t1 r1 bench", Copier(link, lambda turn, error: print("copy failed:", error)))
     start = time.perf_counter()
     for i in range(n):

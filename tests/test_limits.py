@@ -47,6 +47,32 @@ def test_over_the_messages_a_minute_limit_the_next_message_is_refused_with_the_w
     assert [m["content"] for m in client.hello(session)["history"] if m["role"] == "user"] == ["one", "two"]
 
 
+@pytest.mark.parametrize("limit", ["--limit-running-turns", "--limit-messages-per-minute"])
+def test_a_burst_of_messages_at_once_lets_through_no_more_than_the_limit(start_app, fake, limit):
+    """Checked and counted in one step: messages arriving together cannot all pass the check before
+    any is counted (with replicas, a check and its count were separate Redis calls)."""
+    app = start_app(limit, "2")
+    fake.queue(*(Reply(count=20, pace=0.02) for _ in range(8)))
+    clients = [app.client() for _ in range(8)]
+    for client in clients:
+        client.hello()
+    for client in clients:
+        client.send("message", content="all at once")
+    answers = sorted(client.recv()["type"] for client in clients)
+    assert answers == ["error"] * 6 + ["turn_start"] * 2
+
+
+def test_a_turn_that_cannot_begin_counts_nothing_against_the_limits(start_app, fake):
+    app = start_app("--limit-running-turns", "1", "--limit-messages-per-minute", "1")
+    client = app.client()
+    client.hello()
+    client.send("regenerate")  # nothing to answer again yet
+    assert client.recv()["code"] == "nothing_to_regenerate"
+    client.send("edit", message_id="no-such-message", content="x")
+    assert client.recv()["type"] == "error"
+    assert client.turn("the one message this minute")[-1]["status"] == "complete"
+
+
 def test_over_the_conversations_a_minute_limit_a_new_chat_is_refused_and_an_old_one_still_opens(start_app):
     app = start_app("--limit-conversations-per-minute", "2")
     client = app.client()

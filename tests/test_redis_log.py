@@ -18,7 +18,7 @@ def test_a_producer_whose_turn_was_taken_over_can_append_nothing_more(redis_serv
         producer = RedisLink(redis_server, redis_prefix, "producer")
         other = RedisLink(redis_server, redis_prefix, "other")
         lease = "t1 r1 producer"
-        assert await producer.claim("c1", lease)
+        assert await producer.client.set(producer.lease("c1"), lease)
         first = await producer.append([Batch("t1", "c1", lease, [("0-1", '{"type":"turn_start"}')], False)])
         # The producer's heartbeat is not beating (as after SIGKILL): another replica ends its turn.
         seq = await other.take_over("t1", "c1", "producer", '{"type":"error"}', '{"type":"turn_end"}')
@@ -40,7 +40,7 @@ def test_a_live_producers_turn_is_not_taken_over(redis_server, redis_prefix):
         producer = RedisLink(redis_server, redis_prefix, "producer")
         producer.start_heartbeat(redis_server)
         lease = "t2 r2 producer"
-        await producer.claim("c2", lease)
+        await producer.client.set(producer.lease("c2"), lease)
         await producer.append([Batch("t2", "c2", lease, [("0-1", '{"type":"turn_start"}')], False)])
         await asyncio.sleep(0.2)  # a beat
         other = RedisLink(redis_server, redis_prefix, "other")

@@ -3,18 +3,49 @@ and failed sign-ins per client address. A limit of 0 is off.
 
 The rules are here; the counting is done by a `Counters` kind: in this process (`LocalCounters`), or
 in Redis with replicas (`utils/redis_limits.py`), so that a user's limits hold across replicas.
+A message is checked and counted in one step (`MessageCounts`), with the conversation's lease when
+there are replicas: messages sent together cannot all pass the check before any of them is counted.
 """
 
 import time
 from collections import deque
+from dataclasses import dataclass
 from typing import Protocol
 
-from utils.protocol import RateLimited
+from utils.protocol import RateLimited, TurnInProgress
 from utils.settings import Settings
 
 MINUTE = 60.0
 RUNNING_RETRY_SECONDS = 5.0  # a reply's end cannot be foreseen: a short wait to suggest
 SIGN_INS_PER_MINUTE = 5
+
+
+RUNNING, MESSAGES, LEASE = "running", "messages", "lease"  # why a message was refused
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A key one holder has at a time, for `ms` at most (with replicas: who runs a conversation's turn)."""
+
+    key: str
+    value: str
+    ms: int
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A message let through: what was counted for it (and the lease taken), to give back if its
+    turn cannot begin after all."""
+
+    user: str
+    event: str  # its entry in the messages window
+    lease: Lease | None
+
+
+@dataclass(frozen=True)
+class Refused:
+    why: str  # RUNNING, MESSAGES or LEASE
+    wait: float = 0.0  # for MESSAGES: seconds until one more is allowed
 
 
 class Window(Protocol):
@@ -25,7 +56,8 @@ class Window(Protocol):
     async def wait(self, key: str) -> float:
         """Seconds until one more event is allowed (0: now)."""
 
-    async def count(self, key: str) -> None: ...
+    async def count(self, key: str) -> str:
+        """Count an event; its name, for `forget`."""
 
 
 class Gauge(Protocol):
@@ -40,10 +72,25 @@ class Gauge(Protocol):
     async def remove(self, key: str) -> None: ...
 
 
+class MessageCounts(Protocol):
+    """A user's replies streaming at once and messages a minute."""
+
+    async def take(self, user: str, lease: Lease | None) -> Taken | Refused:
+        """Check both limits (and that `lease` is free) and count the message (and take the lease): one step."""
+
+    async def give_back(self, taken: Taken) -> None:
+        """Uncount a message whose turn could not begin (its lease is the caller's to let go)."""
+
+    async def ended(self, user: str) -> None:
+        """A reply stopped streaming."""
+
+
 class Counters(Protocol):
     def window(self, name: str, limit: int) -> Window: ...
 
     def gauge(self, name: str, limit: int) -> Gauge: ...
+
+    def messages(self, running_limit: int, messages_limit: int) -> MessageCounts: ...
 
 
 class LocalWindow:
@@ -63,9 +110,15 @@ class LocalWindow:
             return 0.0
         return events[0] + self.period - now if len(events) >= self.limit else 0.0
 
-    async def count(self, key: str) -> None:
+    async def count(self, key: str) -> str:
+        at = time.monotonic()
         if self.limit:
-            self._events.setdefault(key, deque()).append(time.monotonic())
+            self._events.setdefault(key, deque()).append(at)
+        return repr(at)
+
+    def forget(self, key: str, event: str) -> None:
+        if (events := self._events.get(key)) is not None and float(event) in events:
+            events.remove(float(event))
 
 
 class LocalGauge:
@@ -86,6 +139,29 @@ class LocalGauge:
             self._counts.pop(key, None)
 
 
+class LocalMessages:
+    def __init__(self, running_limit: int, messages_limit: int) -> None:
+        self.running = LocalGauge(running_limit)
+        self.messages = LocalWindow(messages_limit)
+
+    async def take(self, user: str, lease: Lease | None) -> Taken | Refused:
+        # Nothing awaited here suspends, so nothing runs between the check and the count. There is
+        # no lease in one process: the conversation itself refuses a second turn.
+        if await self.running.full(user):
+            return Refused(RUNNING)
+        if wait := await self.messages.wait(user):
+            return Refused(MESSAGES, wait)
+        await self.running.add(user)
+        return Taken(user, await self.messages.count(user), lease)
+
+    async def give_back(self, taken: Taken) -> None:
+        await self.running.remove(taken.user)
+        self.messages.forget(taken.user, taken.event)
+
+    async def ended(self, user: str) -> None:
+        await self.running.remove(user)
+
+
 class LocalCounters:
     """Counts in this process: one process is the whole app."""
 
@@ -95,31 +171,41 @@ class LocalCounters:
     def gauge(self, name: str, limit: int) -> Gauge:
         return LocalGauge(limit)
 
+    def messages(self, running_limit: int, messages_limit: int) -> MessageCounts:
+        return LocalMessages(running_limit, messages_limit)
+
 
 class Limits:
     def __init__(self, settings: Settings, counters: Counters) -> None:
-        self._running = counters.gauge("running", settings.limit_running_turns)
+        self._running_limit = settings.limit_running_turns
+        self._messages_limit = settings.limit_messages_per_minute
+        self._messages = counters.messages(self._running_limit, self._messages_limit)
         self._sockets = counters.gauge("sockets", settings.limit_sockets)
-        self._messages = counters.window("messages", settings.limit_messages_per_minute)
         self._conversations = counters.window("conversations", settings.limit_conversations_per_minute)
         self._failed_sign_ins = counters.window("sign-ins", SIGN_INS_PER_MINUTE)
 
-    async def check_message(self, user: str) -> None:
-        """Refuse a message (or regenerate, or edit) the user may not send now; `count_message` once it started."""
-        if await self._running.full(user):
+    async def take_message(self, user: str, lease: Lease | None = None) -> Taken:
+        """Let a message (or regenerate, or edit) through and count it, taking `lease` with it; or
+        refuse it: over a limit, or the lease is held (a reply runs). `give_back` if its turn cannot begin."""
+        verdict = await self._messages.take(user, lease)
+        if isinstance(verdict, Taken):
+            return verdict
+        if verdict.why == RUNNING:
             raise RateLimited(
-                f"You have {self._running.limit} replies streaming already; wait for one to finish.",
+                f"You have {self._running_limit} replies streaming already; wait for one to finish.",
                 RUNNING_RETRY_SECONDS,
             )
-        if wait := await self._messages.wait(user):
-            raise RateLimited(f"You sent {self._messages.limit} messages in the last minute; wait a moment.", wait)
+        if verdict.why == MESSAGES:
+            raise RateLimited(
+                f"You sent {self._messages_limit} messages in the last minute; wait a moment.", verdict.wait
+            )
+        raise TurnInProgress("A reply is still being written; stop it or wait for it to finish.")
 
-    async def count_message(self, user: str) -> None:
-        await self._messages.count(user)
-        await self._running.add(user)
+    async def give_back(self, taken: Taken) -> None:
+        await self._messages.give_back(taken)
 
     async def turn_ended(self, user: str) -> None:
-        await self._running.remove(user)
+        await self._messages.ended(user)
 
     async def take_conversation(self, user: str) -> None:
         """Count a new conversation, or refuse it."""

@@ -5,7 +5,8 @@ Keys, under the prefix of one deployment:
 - `turn:<turn_id>`: a stream of the turn's frames, entry id `k-n` as in `InProcessTurnLog` (chunk k
   is `k-0`), one field `f` holding the frame as sent. It expires a while after the turn ends.
 - `lease:<conversation_id>`: who runs the conversation's turn, `<turn_id> <reply_id> <replica>`.
-  Taking it is the arbiter of "one running turn per conversation"; the producer renews it.
+  Taking it (with the user's limits, `utils/redis_limits.py`) is the arbiter of "one running turn per
+  conversation"; the producer renews it.
 - `replica:<id>`: a replica's heartbeat, set every second by a thread of its own (so that a busy
   event loop does not look like a dead process); it expires three seconds after the replica dies,
   and then the replica's turns are ended by another.
@@ -159,9 +160,6 @@ class RedisLink:
 
         self._beating = threading.Thread(target=beat, name="redis-heartbeat", daemon=True)
         self._beating.start()
-
-    async def claim(self, conversation_id: str, value: str) -> bool:
-        return bool(await self.client.set(self.lease(conversation_id), value, nx=True, px=LEASE_MS))
 
     async def renew(self, conversation_id: str, value: str, ttl_ms: int = LEASE_MS) -> bool:
         return bool(await self._renew(keys=[self.lease(conversation_id)], args=[value, ttl_ms]))
