@@ -21,7 +21,7 @@ import llama_cpp
 from websockets.sync.client import connect
 
 from tests.conftest import AppProcess
-from utils.local_provider import CONTEXT_TOKENS, SAMPLING, default_model_path
+from utils.local_provider import CONTEXT_TOKENS, SAMPLING, default_model_path, without_extra_buffers
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}  # the app's default system prompt
 PROMPTS = {
@@ -181,7 +181,8 @@ def main() -> None:
     parser.add_argument("--reply-tokens", type=int, default=200, help="tokens per reply of the repetition runs")
     parser.add_argument("--seed", type=int, default=42)
     args = parser.parse_args()
-    llama = llama_cpp.Llama(str(default_model_path()), n_ctx=CONTEXT_TOKENS, n_threads=2, verbose=False)
+    with without_extra_buffers():  # as the app loads it
+        llama = llama_cpp.Llama(str(default_model_path()), n_ctx=CONTEXT_TOKENS, n_threads=2, verbose=False)
     results, server_peak = speed(args, llama)
     before = repetition(llama, LLAMA_CPP_DEFAULTS, args.reply_tokens, args.seed)
     after = repetition(llama, SAMPLING, args.reply_tokens, args.seed)

@@ -23,6 +23,7 @@ from utils.local_provider import (
     LocalProvider,
     default_model_path,
     verify_weights,
+    without_extra_buffers,
 )
 
 pytestmark = pytest.mark.model
@@ -50,7 +51,8 @@ def provider() -> Iterator[LocalProvider]:
 @pytest.fixture(scope="module")
 def reference() -> llama_cpp.Llama:
     """llama_cpp called directly, as the provider loads it."""
-    return llama_cpp.Llama(str(default_model_path()), n_ctx=CONTEXT_TOKENS, n_threads=2, verbose=False)
+    with without_extra_buffers():
+        return llama_cpp.Llama(str(default_model_path()), n_ctx=CONTEXT_TOKENS, n_threads=2, verbose=False)
 
 
 async def collect(provider: LocalProvider, max_tokens: int, stop_after: int | None = None, messages=PROMPT):
@@ -79,6 +81,13 @@ def test_the_stream_has_the_openai_chunk_shape_and_ends_with_a_finish_reason(pro
     usage = usage_chunk["usage"]
     assert 0 < usage["completion_tokens"] <= 12
     assert usage["prompt_tokens"] > 0 and usage["total_tokens"] == usage["prompt_tokens"] + usage["completion_tokens"]
+
+
+def test_the_weights_are_loaded_without_llama_cpp_s_extra_buffer_types(provider):
+    """Its AMX kernels crashed the process at the first reply on an AMX machine: no machine gets them."""
+    asyncio.run(collect(provider, 1))
+    assert provider._llama.model_params.use_extra_bufts is False
+    assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts  # and nothing else is changed
 
 
 def test_max_tokens_is_respected_and_runs_are_identical_at_temperature_zero(provider):

@@ -90,6 +90,29 @@ def prompt_slices(count: int, batch: int) -> list[tuple[int, int]]:
     return slices
 
 
+@contextlib.contextmanager
+def without_extra_buffers() -> Iterator[None]:
+    """While a llama_cpp.Llama loads: its weights in plain CPU buffers, none of llama.cpp's "extra
+    buffer types". One of them, the AMX kernels of Intel Xeons since Sapphire Rapids, crashed the
+    whole process at the first reply on a CI machine (llama-cpp-python 0.3.36, this Q4_1 model); the
+    others do nothing for Q4_1. Llama() takes no option for it, so the defaults it reads are changed
+    meanwhile."""
+    import llama_cpp.llama_cpp as low_level  # here, not at the top: as in open_llama
+
+    defaults = low_level.llama_model_default_params
+
+    def plain_buffers() -> Any:
+        params = defaults()
+        params.use_extra_bufts = False
+        return params
+
+    low_level.llama_model_default_params = plain_buffers
+    try:
+        yield
+    finally:
+        low_level.llama_model_default_params = defaults
+
+
 def open_llama(path: Path) -> Any:
     """Load a GGUF file into a llama_cpp.Llama whose prompt evaluation a stop can interrupt."""
     import llama_cpp  # here, not at the top: an app that never runs the embedded model skips 0.2 s
@@ -112,7 +135,8 @@ def open_llama(path: Path) -> Any:
                     raise GenerationStopped
                 super().eval(tokens[start:end])
 
-    return SlicedLlama(str(path), n_ctx=CONTEXT_TOKENS, n_threads=2, verbose=False)
+    with without_extra_buffers():
+        return SlicedLlama(str(path), n_ctx=CONTEXT_TOKENS, n_threads=2, verbose=False)
 
 
 class LocalStream:
