@@ -95,7 +95,7 @@ def without_extra_buffers() -> Iterator[None]:
     """While a llama_cpp.Llama loads: its weights in plain CPU buffers, none of llama.cpp's "extra
     buffer types". One of them, the AMX kernels of Intel Xeons since Sapphire Rapids, crashed the
     whole process at the first reply on a CI machine (llama-cpp-python 0.3.36, this Q4_1 model); the
-    others do nothing for Q4_1. Llama() takes no option for it, so the defaults it reads are changed
+    others only repack weights. Llama() takes no option for it, so the defaults it reads are changed
     meanwhile."""
     import llama_cpp.llama_cpp as low_level  # here, not at the top: as in open_llama
 
