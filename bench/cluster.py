@@ -10,8 +10,9 @@ The apps run with every per-user limit on, as by default, but set too high to re
 checks and counts are part of what is measured. It reports time to first chunk (p50, p99) at the
 sending socket, wall time, chunks/s and the app processes' CPU time per chunk, checks that every
 reply arrived complete and in order on both sockets (a failure is printed: which way, which
-socket, what it saw), and prints replicas/single ratios (target at 300: p99 first chunk within 3x, wall within 1.5x, no failure). Last, it measures
-what batching the Redis copies once per event-loop tick saves over one XADD per chunk.
+socket, what it saw), and prints replicas/single ratios (target at 300: p99 first chunk within 3x,
+wall within 1.5x, no failure). Last, it measures what batching the Redis copies once per event-loop
+tick saves over one XADD per chunk.
 
     .venv/bin/python -m bench.cluster [--conversations 300] [--repeat 3]
 """

@@ -81,10 +81,18 @@ def client(ws_url: str, cookie: str) -> ChatClient:
 
 
 def tabs_on_both_replicas(balancer: Nginx, replicas: list[AppProcess], cookie: str) -> tuple[ChatClient, ChatClient]:
-    """Two tabs through nginx, as a browser's would come: round-robin puts them on different replicas."""
-    tabs = client(balancer.ws_url, cookie), client(balancer.ws_url, cookie)
-    wait_for(lambda: [app.logs().count('"WebSocket /ws" [accepted]') for app in replicas] == [1, 1], timeout=5)
-    return tabs
+    """Two tabs through nginx, as a browser's would come: round-robin puts them on different replicas.
+    The first is the one on replicas[0]."""
+
+    def accepted() -> list[int]:
+        return [app.logs().count('"WebSocket /ws" [accepted]') for app in replicas]
+
+    first = client(balancer.ws_url, cookie)
+    wait_for(lambda: sum(accepted()) == 1, timeout=5)
+    first_on_a = accepted()[0] == 1
+    second = client(balancer.ws_url, cookie)
+    wait_for(lambda: accepted() == [1, 1], timeout=5)
+    return (first, second) if first_on_a else (second, first)
 
 
 def chunks(frames: list[dict]) -> list[dict]:
@@ -204,14 +212,14 @@ def test_a_stop_sent_to_b_ends_the_turn_on_a_and_the_provider_sees_its_connectio
 # 4. Conversation events reach every replica
 
 
-def test_a_rename_a_model_change_and_a_delete_on_one_replica_reach_the_sockets_of_both(replicas, cookie):
-    on_a, on_b = client(replicas[0].ws_url, cookie), client(replicas[1].ws_url, cookie)
+def test_a_rename_a_model_change_and_a_delete_on_one_replica_reach_the_sockets_of_both(replicas, balancer, cookie):
+    on_a, on_b = tabs_on_both_replicas(balancer, replicas, cookie)
     session = on_a.hello()["session_id"]
     on_a.turn("something to keep")
     on_b.hello(session)
     changes = json.dumps({"title": "Renamed on B", "model": "fake-model-large", "system_prompt": "Be terse."})
     patch = urllib.request.Request(
-        f"{replicas[1].url}/api/conversations/{session}",
+        f"{balancer.url}/api/conversations/{session}",  # on one replica or the other: both must hear of it
         data=changes.encode(),
         method="PATCH",
         headers={"Content-Type": "application/json", "Cookie": cookie},
@@ -225,7 +233,7 @@ def test_a_rename_a_model_change_and_a_delete_on_one_replica_reach_the_sockets_o
             "Be terse.",
         )
     delete = urllib.request.Request(
-        f"{replicas[0].url}/api/conversations/{session}", method="DELETE", headers={"Cookie": cookie}
+        f"{balancer.url}/api/conversations/{session}", method="DELETE", headers={"Cookie": cookie}
     )
     urllib.request.urlopen(delete, timeout=10).close()
     for socket in (on_a, on_b):
@@ -238,10 +246,10 @@ def test_a_rename_a_model_change_and_a_delete_on_one_replica_reach_the_sockets_o
 
 
 def test_after_sigkill_of_the_producer_the_other_replica_ends_the_turn_interrupted_and_stores_it(
-    replicas, cookie, fake
+    replicas, balancer, cookie, fake
 ):
     fake.queue(Reply(count=500, pace=0.02))
-    on_a, on_b = client(replicas[0].ws_url, cookie), client(replicas[1].ws_url, cookie)
+    on_a, on_b = tabs_on_both_replicas(balancer, replicas, cookie)
     session = on_a.hello()["session_id"]
     on_b.hello(session)
     on_a.send("message", content="this replica will die")
@@ -255,16 +263,18 @@ def test_after_sigkill_of_the_producer_the_other_replica_ends_the_turn_interrupt
     assert rest[-1]["status"] == "interrupted"
     assert noticed < 5, f"noticed after {noticed:.1f} s"
     streamed = reply_text(seen + rest)
-    reply = client(replicas[1].ws_url, cookie).hello(session)["history"][-1]
+    reply = client(balancer.ws_url, cookie).hello(session)["history"][-1]  # nginx passes the dead one by
     assert reply["status"] == "interrupted" and reply["content"] == streamed and len(streamed) > 0
 
 
 # 6. Rolling restarts
 
 
-def test_sigterm_closes_the_sockets_with_1012_and_the_running_reply_finishes_and_is_stored(replicas, cookie, fake):
+def test_sigterm_closes_the_sockets_with_1012_and_the_running_reply_finishes_and_is_stored(
+    replicas, balancer, cookie, fake
+):
     fake.queue(Reply(count=100, pace=0.03))
-    on_a, on_b = client(replicas[0].ws_url, cookie), client(replicas[1].ws_url, cookie)
+    on_a, on_b = tabs_on_both_replicas(balancer, replicas, cookie)
     session = on_a.hello()["session_id"]
     on_b.hello(session)
     on_a.send("message", content="finish me while you restart")
@@ -273,8 +283,8 @@ def test_sigterm_closes_the_sockets_with_1012_and_the_running_reply_finishes_and
     with pytest.raises(ConnectionClosed) as closed:
         on_a.until("turn_end")
     assert closed.value.rcvd.code == 1012
-    # The page reconnects (here to the other replica) and follows the reply to its end.
-    back = client(replicas[1].ws_url, cookie)
+    # The page reconnects through the balancer, which finds the other replica, and follows the reply to its end.
+    back = client(balancer.ws_url, cookie)
     ready = back.hello(session)
     frames = back.until("turn_end", timeout=30)
     assert frames[-1]["status"] == "complete"
@@ -282,7 +292,7 @@ def test_sigterm_closes_the_sockets_with_1012_and_the_running_reply_finishes_and
     assert so_far + reply_text(frames) == "".join(f"tok{i} " for i in range(1, 101))
     assert on_b.until("turn_end", timeout=30)[-1]["status"] == "complete"
     replicas[0].process.wait(30)  # it exits once the reply is done
-    stored = client(replicas[1].ws_url, cookie).hello(session)["history"][-1]
+    stored = client(balancer.ws_url, cookie).hello(session)["history"][-1]
     assert stored["status"] == "complete" and stored["content"].endswith("tok100 ")
 
 
