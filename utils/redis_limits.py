@@ -3,8 +3,8 @@
 A window is a sorted set of event times per key (Redis's own clock, so that replicas agree). A gauge
 is a hash per key of one count per replica; a replica that dies stops counting once its heartbeat
 (`utils/redis_log.py`) expires, so a crash does not leave a user's sockets or turns counted for
-good. If Redis cannot be reached, a limit lets the request through: Redis failing already refuses
-new turns on its own.
+good. If Redis cannot be reached, a limit lets the request through; a message is checked in the
+same call that takes its conversation's lease, and without Redis no turn starts anyway.
 """
 
 import logging
