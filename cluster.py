@@ -195,11 +195,11 @@ class Cluster:
         return taken
 
     async def release_claim(self, conversation: Conversation, taken: Taken) -> None:
-        """The turn could not begin after all: its lease and its count go back, without waiting."""
+        """The turn could not begin after all: its lease and its count go back before the client is
+        told, so that a message sent at once after the error is not refused on their account."""
         assert taken.lease is not None
         self._claims.pop(taken.lease.value.partition(" ")[0], None)
-        self._background(self._release(conversation.id, taken.lease.value))
-        self._background(self.limits.give_back(taken))
+        await asyncio.gather(self._release(conversation.id, taken.lease.value), self.limits.give_back(taken))
 
     async def _release(self, conversation_id: str, lease: str) -> None:
         with contextlib.suppress(RedisError, OSError):
