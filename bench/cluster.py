@@ -259,7 +259,11 @@ def main() -> None:
             uvloop.run(measure(args.conversations, args.repeat, fake_url, single, balancer, replicas))
         finally:
             for app in (single, *replicas):
-                app.stop()
+                try:
+                    app.stop()
+                except subprocess.TimeoutExpired:  # said, and the rest still cleaned up
+                    print(f"an app (pid {app.process.pid}) did not stop within 30 s of SIGINT: killed it")
+                    app.kill()
             if balancer is not None:
                 balancer.stop()
             fake.terminate()
