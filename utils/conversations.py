@@ -106,7 +106,7 @@ class Conversation:
         if self.deleting:
             raise UnknownSession("This conversation is being deleted.")
         if self.turn is not None:
-            raise TurnInProgress("A reply is still being written; stop it or wait for it to finish.")
+            raise TurnInProgress()
         turn_id = ids.turn
         user_message.turn_id = turn_id
         reply = Message(
@@ -148,7 +148,7 @@ class Conversation:
 
     def _last_user_index(self) -> int:
         if self.turn is not None:
-            raise TurnInProgress("A reply is still being written; stop it or wait for it to finish.")
+            raise TurnInProgress()
         for index in range(len(self.history) - 1, -1, -1):
             if self.history[index].role == "user":
                 return index

@@ -199,7 +199,7 @@ class Limits:
             raise RateLimited(
                 f"You sent {self._messages_limit} messages in the last minute; wait a moment.", verdict.wait
             )
-        raise TurnInProgress("A reply is still being written; stop it or wait for it to finish.")
+        raise TurnInProgress()
 
     async def give_back(self, taken: Taken) -> None:
         await self._messages.give_back(taken)

@@ -57,6 +57,9 @@ class TooLarge(ProtocolError):
 class TurnInProgress(ProtocolError):
     code = "turn_in_progress"
 
+    def __init__(self, message: str = "A reply is still being written; stop it or wait for it to finish.") -> None:
+        super().__init__(message)
+
 
 class UnknownSession(ProtocolError):
     code = "unknown_session"
