@@ -73,6 +73,17 @@ def test_a_turn_that_cannot_begin_counts_nothing_against_the_limits(start_app, f
     assert client.turn("the one message this minute")[-1]["status"] == "complete"
 
 
+def test_a_refused_message_before_hello_gets_ready_then_the_error(start_app):
+    """protocol.md: a `message` before any `hello` attaches a new conversation first, then is refused."""
+    app = start_app("--limit-messages-per-minute", "1")
+    app.client().turn("the one message this minute")
+    late = app.client()
+    late.send("message", content="one too many")
+    ready, error = late.recv(), late.recv()
+    assert ready["type"] == "ready" and ready["history"] == []
+    assert error["code"] == "rate_limited"
+
+
 def test_over_the_conversations_a_minute_limit_a_new_chat_is_refused_and_an_old_one_still_opens(start_app):
     app = start_app("--limit-conversations-per-minute", "2")
     client = app.client()
