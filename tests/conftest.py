@@ -18,6 +18,7 @@ from websockets.sync.client import ClientConnection, connect
 from tests import chromium
 from tests.fake_openai import FakeOpenAI, FakeOpenAIThread
 from tests.services import (  # noqa: F401 (fixtures)
+    fault_proxy,
     free_port,
     fresh_postgres_url,
     postgres_server,

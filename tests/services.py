@@ -15,11 +15,12 @@ import secrets
 import shutil
 import socket
 import subprocess
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -216,3 +217,142 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     server = PrivateRedis(tmp_path).start()
     yield server
     server.stop()
+
+
+# ---- a fault proxy -------------------------------------------------------------------------------
+
+
+class FaultProxy:
+    """A TCP proxy of a test's own in front of a real server (PostgreSQL, Redis): the app connects
+    through it, and the test cuts every connection or stalls every byte, then heals, without touching
+    the shared server.
+
+    - `cut()`: every open connection is closed, and new ones are closed as soon as they come, until `heal()`.
+    - `stall()`: nothing more is forwarded either way, and new connections hang, until `heal()`;
+      the connections stay open, as with a frozen server or a network that drops packets.
+    """
+
+    def __init__(self, target_host: str, target_port: int) -> None:
+        self.target = (target_host, target_port)
+        self.port = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="fault-proxy", daemon=True)
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._flowing: asyncio.Event | None = None
+        self._refusing = False
+
+    @classmethod
+    def before(cls, url: str) -> "FaultProxy":
+        """A started proxy in front of the server a URL names."""
+        parts = urlsplit(url)
+        return cls(parts.hostname or "127.0.0.1", parts.port or {"redis": 6379}.get(parts.scheme, 5432)).start()
+
+    def url(self, url: str) -> str:
+        """`url`, pointing at this proxy instead of the server."""
+        parts = urlsplit(url)
+        credentials = parts.netloc.rpartition("@")[0]
+        return urlunsplit(parts._replace(netloc=f"{credentials + '@' if credentials else ''}127.0.0.1:{self.port}"))
+
+    def start(self) -> "FaultProxy":
+        self._thread.start()
+        self._call(self._start())
+        return self
+
+    def _call(self, work: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(work, self._loop).result(10)
+
+    async def _start(self) -> None:
+        self._flowing = asyncio.Event()
+        self._flowing.set()
+        self._server = await asyncio.start_server(self._connection, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        assert self._flowing is not None
+        if self._refusing:
+            writer.close()
+            return
+        self._writers.add(writer)
+        try:
+            await self._flowing.wait()
+            upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
+        except OSError:
+            self._drop(writer)
+            return
+        self._writers.add(upstream_writer)
+        await asyncio.gather(
+            self._pump(reader, upstream_writer, writer), self._pump(upstream_reader, writer, upstream_writer)
+        )
+
+    async def _pump(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, other: asyncio.StreamWriter
+    ) -> None:
+        assert self._flowing is not None
+        try:
+            while data := await source.read(65536):
+                await self._flowing.wait()
+                sink.write(data)
+                await sink.drain()
+        except (OSError, RuntimeError):
+            pass
+        finally:
+            self._drop(sink)
+            self._drop(other)
+
+    def _drop(self, writer: asyncio.StreamWriter) -> None:
+        self._writers.discard(writer)
+        writer.close()
+
+    def cut(self) -> None:
+        async def cut() -> None:
+            self._refusing = True
+            for writer in list(self._writers):
+                self._drop(writer)
+
+        self._call(cut())
+
+    def stall(self) -> None:
+        async def stall() -> None:
+            assert self._flowing is not None
+            self._flowing.clear()
+
+        self._call(stall())
+
+    def heal(self) -> None:
+        async def heal() -> None:
+            assert self._flowing is not None
+            self._refusing = False
+            self._flowing.set()
+
+        self._call(heal())
+
+    def stop(self) -> None:
+        async def stop() -> None:
+            assert self._flowing is not None
+            if self._server is not None:
+                self._server.close()
+            self._refusing = True
+            self._flowing.set()  # stalled pumps wake up, find their connections closed, and end
+            for writer in list(self._writers):
+                self._drop(writer)
+            await asyncio.sleep(0.05)
+
+        self._call(stop())
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+@pytest.fixture
+def fault_proxy() -> Iterator[Callable[[str], FaultProxy]]:
+    """Start a `FaultProxy` before the server of a URL; stopped after the test."""
+    proxies: list[FaultProxy] = []
+
+    def start(url: str) -> FaultProxy:
+        proxies.append(FaultProxy.before(url))
+        return proxies[-1]
+
+    yield start
+    for proxy in proxies:
+        proxy.stop()
