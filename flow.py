@@ -1,13 +1,31 @@
-"""The graph of a chat turn: name the conversation if it has no title yet, then stream the reply."""
+"""The graphs PocketChat can run, by name: `--flow NAME` picks one (default `chat`).
+
+A flow gets its options from the settings; each turn runs a fresh copy of it on the turn's shared
+store (see `turns.new_shared`).
+"""
+
+from collections.abc import Callable
 
 from pocketflow import AsyncFlow
 
-from nodes import StreamChat, TitleConversation
+from nodes import BuildPrompt, SaveReply, StreamChat, TitleConversation
+from utils.settings import Settings
 
 
-def create_chat_flow(retries: int = 3, retry_wait: float = 0.5) -> AsyncFlow:
-    """One turn. `retries`/`wait` apply only until the first chunk is sent (see StreamChat.exec_async)."""
+def create_chat_flow(settings: Settings) -> AsyncFlow:
+    """One chat turn: name the conversation, build the prompt, stream the reply, record it."""
     title = TitleConversation()
-    chat = StreamChat(max_retries=retries, wait=retry_wait)
-    title >> chat
+    prompt = BuildPrompt()
+    chat = StreamChat(max_retries=settings.retries, wait=settings.retry_wait)
+    save = SaveReply()
+    title >> prompt >> chat
+    # StreamChat says how the reply ended; a node for complete replies only goes on the first line.
+    chat - "complete" >> save
+    chat - "stopped" >> save
+    chat - "error" >> save
     return AsyncFlow(start=title)
+
+
+FLOWS: dict[str, Callable[[Settings], AsyncFlow]] = {
+    "chat": create_chat_flow,
+}

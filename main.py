@@ -26,6 +26,7 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 import auth
 from api import invalid_request, router
 from chat_socket import chat_socket
+from flow import FLOWS
 from state import AppState
 from utils.providers import make_provider
 from utils.settings import Settings
@@ -133,6 +134,8 @@ def main(argv: list[str]) -> None:
         return
     if problem := settings.startup_problem():
         sys.exit(problem)
+    if settings.flow not in FLOWS:
+        sys.exit(f"--flow {settings.flow!r} is not a flow of flow.py; it has: {', '.join(FLOWS)}.")
     if settings.auth_mode == "none" and not settings.on_loopback:
         logger.warning(
             "serving %s with no sign-in (--insecure-no-auth): anyone who reaches it reads everything", settings.host

@@ -1,7 +1,7 @@
 """The nodes of a chat turn. Each reads the shared store in `prep`, works in `exec`, writes in `post`.
 
-Nodes never touch a socket: what the browser should see goes to `shared["channel"]`, the turn's
-log, which every attached socket follows.
+Nodes never touch a socket: what the browser should see goes to `shared["log"]`, the turn's log,
+which every attached socket follows. A node shows itself in the page with `log.append_step(...)`.
 """
 
 import time
@@ -13,10 +13,62 @@ from pocketflow import AsyncNode
 from utils import protocol
 from utils.conversations import Conversation, Turn
 from utils.llm_stream import ChatProvider, StreamResult, stream_llm
-from utils.messages import Status
-from utils.prompt import build_prompt, estimate_tokens
+from utils.messages import Message, Status
+from utils.prompt import Snippet, build_prompt, estimate_tokens
 from utils.protocol import ProviderError, StorageError
 from utils.turn_log import TurnLog
+
+
+class TitleConversation(AsyncNode):
+    """Name a conversation after its first user message, once."""
+
+    async def prep_async(self, shared: dict[str, Any]) -> str | None:
+        conversation: Conversation = shared["conversation"]
+        return None if conversation.record.title else shared["turn"].user_message.content
+
+    async def exec_async(self, first_message: str | None) -> str | None:
+        if first_message is None:
+            return None
+        line = " ".join(first_message.split())
+        return line if len(line) <= 60 else line[:59].rstrip() + "…"
+
+    async def post_async(self, shared: dict[str, Any], first_message: str | None, title: str | None) -> None:
+        if title is None:
+            return
+        conversation: Conversation = shared["conversation"]
+        conversation.record.title = title
+        # Queued, not awaited: the turn's later writes land after it, and waiting for the writer
+        # thread would hold up the first chunk when many turns start at once.
+        shared["store"].update_conversation(conversation.record)
+        shared["log"].append(protocol.conversation(conversation.record))
+
+
+@dataclass
+class PromptInputs:
+    system_prompt: str
+    history: list[Message]
+    context: list[Snippet]
+    budget: int
+
+
+class BuildPrompt(AsyncNode):
+    """Shape what the model reads: the system prompt, what earlier nodes put in `shared["context"]`
+    (numbered, with their sources, for the reply to cite), and as much recent history as fits."""
+
+    async def prep_async(self, shared: dict[str, Any]) -> PromptInputs:
+        conversation: Conversation = shared["conversation"]
+        return PromptInputs(
+            conversation.record.system_prompt,
+            conversation.history,
+            shared["context"],
+            shared["settings"].context_budget,
+        )
+
+    async def exec_async(self, inputs: PromptInputs) -> list[dict[str, str]]:
+        return build_prompt(inputs.system_prompt, inputs.history, inputs.budget, inputs.context)
+
+    async def post_async(self, shared: dict[str, Any], inputs: PromptInputs, prompt: list[dict[str, str]]) -> None:
+        shared["prompt"] = prompt
 
 
 @dataclass
@@ -25,7 +77,7 @@ class ChatRequest:
     messages: list[dict[str, str]]
     model: str
     max_tokens: int | None
-    channel: TurnLog
+    log: TurnLog
     turn: Turn
     failures: int = 0  # attempts that failed before the first chunk
 
@@ -39,17 +91,17 @@ class ChatOutcome:
 
 
 class StreamChat(AsyncNode):
-    """Stream the model's reply to the user's message into the channel, then record it in the history."""
+    """Stream the model's reply to `shared["prompt"]` into the log; the action says how it ended:
+    "complete", "stopped" or "error"."""
 
     async def prep_async(self, shared: dict[str, Any]) -> ChatRequest:
         conversation: Conversation = shared["conversation"]
-        provider: ChatProvider = shared["llm"]
         return ChatRequest(
-            provider=provider,
-            messages=build_prompt(conversation.record.system_prompt, conversation.history, shared["context_budget"]),
+            provider=shared["provider"],
+            messages=shared["prompt"],
             model=conversation.record.model,
-            max_tokens=shared["max_tokens"],
-            channel=shared["channel"],
+            max_tokens=shared["settings"].max_tokens,
+            log=shared["log"],
             turn=shared["turn"],
         )
 
@@ -62,13 +114,13 @@ class StreamChat(AsyncNode):
                 request.messages,
                 request.model,
                 request.max_tokens,
-                request.channel.append_chunk,
+                request.log.append_chunk,
                 request.turn.stop,
-                lambda position: request.channel.append(protocol.queued(request.turn.id, position)),
+                lambda position: request.log.append(protocol.queued(request.turn.id, position)),
             )
         except ProviderError as error:
             # Raising lets PocketFlow retry after `wait`, which is safe only while nothing was sent.
-            if error.retryable and request.channel.seq == 0:
+            if error.retryable and request.log.seq == 0:
                 # PocketFlow sleeps `self.wait` before the next attempt: doubling it after the first
                 # failure backs off. The flow runs a copy of this node, so each turn starts afresh.
                 if request.failures:
@@ -89,27 +141,17 @@ class StreamChat(AsyncNode):
 
     async def post_async(self, shared: dict[str, Any], request: ChatRequest, outcome: ChatOutcome) -> str:
         if outcome.bug is not None:
-            raise outcome.bug  # main.run_turn records the turn as failed and logs the traceback
-        conversation: Conversation = shared["conversation"]
+            raise outcome.bug  # turns.run_turn records the turn as failed and logs the traceback
         turn: Turn = shared["turn"]
         reply = turn.reply_so_far()
         reply.status = outcome.status
-        reply.meta = _reply_stats(request, outcome, reply.content + reply.reasoning, turn.started_at)
+        reply.meta.update(_reply_stats(request, outcome, reply.content + reply.reasoning, turn.started_at))
         if outcome.error is not None:
             reply.error = outcome.error.message
             turn.error_kind = outcome.error.kind
             outcome.error.turn_id = turn.id
-            request.channel.append(protocol.error(outcome.error))
-        conversation.history.append(reply)
-        try:
-            await shared["store"].save_messages(conversation.id, [reply])
-        except StorageError as error:
-            # The reply stays in the history, and the store writes it when the database recovers.
-            error.message += " The reply is kept and will be saved when the database works again."
-            error.turn_id = turn.id
-            reply.status, reply.error = "error", reply.error or error.message
-            request.channel.append(protocol.error(error))
-        return "default"
+            request.log.append(protocol.error(outcome.error))
+        return outcome.status
 
 
 def _reply_stats(request: ChatRequest, outcome: ChatOutcome, text: str, started_at: float) -> dict[str, Any]:
@@ -135,25 +177,21 @@ def _reply_stats(request: ChatRequest, outcome: ChatOutcome, text: str, started_
     return stats
 
 
-class TitleConversation(AsyncNode):
-    """Name a conversation after its first user message, once."""
+class SaveReply(AsyncNode):
+    """Record the reply in the history and the database, however it ended (the user message was
+    stored with the turn's start: a turn is recorded whole or as failed, never half)."""
 
-    async def prep_async(self, shared: dict[str, Any]) -> str | None:
+    async def prep_async(self, shared: dict[str, Any]) -> Message:
+        return shared["turn"].reply_so_far()
+
+    async def post_async(self, shared: dict[str, Any], reply: Message, _: None) -> None:
         conversation: Conversation = shared["conversation"]
-        return None if conversation.record.title else shared["turn"].user_message.content
-
-    async def exec_async(self, first_message: str | None) -> str | None:
-        if first_message is None:
-            return None
-        line = " ".join(first_message.split())
-        return line if len(line) <= 60 else line[:59].rstrip() + "…"
-
-    async def post_async(self, shared: dict[str, Any], first_message: str | None, title: str | None) -> None:
-        if title is None:
-            return
-        conversation: Conversation = shared["conversation"]
-        conversation.record.title = title
-        # Queued, not awaited: the turn's later writes land after it, and waiting for the writer
-        # thread would hold up the first chunk when many turns start at once.
-        shared["store"].update_conversation(conversation.record)
-        shared["channel"].append(protocol.conversation(conversation.record))
+        conversation.history.append(reply)
+        try:
+            await shared["store"].save_messages(conversation.id, [reply])
+        except StorageError as error:
+            # The reply stays in the history, and the store writes it when the database recovers.
+            error.message += " The reply is kept and will be saved when the database works again."
+            error.turn_id = reply.turn_id
+            reply.status, reply.error = "error", reply.error or error.message
+            shared["log"].append(protocol.error(error))

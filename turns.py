@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from flow import create_chat_flow
+from flow import FLOWS
 from state import AppState
 from utils import protocol
 from utils.conversations import Conversation, Turn, TurnIds
@@ -31,18 +31,23 @@ async def begin_turn(state: AppState, conversation: Conversation, begin: Callabl
     turn.task = asyncio.create_task(run_turn(state, conversation, turn, lease))
 
 
+def new_shared(state: AppState, conversation: Conversation, turn: Turn) -> dict[str, Any]:
+    """The shared store a turn's flow runs on: what the nodes read, and where they write."""
+    return {
+        "settings": state.settings,  # Settings: the flow's options
+        "conversation": conversation,  # Conversation: .record (title, model, system prompt), .history
+        "turn": turn,  # Turn: .id, .user_message, .reply (the Message being written), .stop
+        "log": turn.log,  # TurnLog: what the page sees (chunks, steps), followed by every socket
+        "provider": state.provider,  # ChatProvider: the model
+        "store": state.store,  # Store: the database
+        "context": [],  # list[Snippet]: what earlier nodes found for the prompt, with their sources
+        "prompt": None,  # list[dict]: the messages BuildPrompt made, which StreamChat sends
+    }
+
+
 async def run_turn(state: AppState, conversation: Conversation, turn: Turn, lease: str = "") -> None:
     """Run the flow for one turn, then close its log with `turn_end`, whatever happened."""
-    settings = state.settings
-    shared: dict[str, Any] = {
-        "conversation": conversation,
-        "turn": turn,
-        "channel": turn.log,
-        "llm": state.provider,
-        "store": state.store,
-        "context_budget": settings.context_budget,
-        "max_tokens": settings.max_tokens,
-    }
+    shared = new_shared(state, conversation, turn)
     # The user message and an empty reply marked `streaming` are queued for the database first, so a
     # crash leaves a turn that start-up marks interrupted. Waiting for that write would delay the
     # first chunk under load; every later write of the turn is queued after it anyway.
@@ -50,7 +55,7 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
     checkpoints = asyncio.create_task(checkpoint_reply(state.store, conversation.id, turn))
     try:
         await state.coordinator.started(conversation, turn, lease)
-        await create_chat_flow(settings.retries, settings.retry_wait).run_async(shared)
+        await FLOWS[state.settings.flow](state.settings).run_async(shared)
         if turn.failure is not None:
             await fail_turn(state, conversation, turn, turn.failure)
     except Exception:

@@ -56,7 +56,7 @@ const handlers = {
     if (frame.running) {
       const view = transcript.append({
         role: "assistant", content: frame.running.content, reasoning: frame.running.reasoning,
-        status: "streaming", id: frame.running.message_id,
+        status: "streaming", id: frame.running.message_id, steps: frame.running.steps ?? [],
       });
       state.running = { turnId: frame.running.turn_id, seq: frame.running.seq, view };
     }
@@ -92,6 +92,13 @@ const handlers = {
       reasoning: m.reasoning + (frame.reasoning || ""),
       queued: null,
     });
+  },
+
+  step(frame) {
+    const running = state.running;
+    if (!running || running.turnId !== frame.turn_id) return;
+    const step = { node: frame.node, kind: frame.kind, data: frame.data };
+    transcript.update(running.view, { steps: [...running.view.message.steps, step] });
   },
 
   turn_end(frame) {
@@ -405,6 +412,11 @@ $("transcript").addEventListener("click", (event) => {
   if (button.dataset.action === "regenerate") connection.send({ type: "regenerate" });
   if (button.dataset.action === "edit" && view) startEdit(view);
   if (button.dataset.action === "copy-reply" && view) navigator.clipboard.writeText(view.message.content).catch(() => {});
+  if (button.dataset.action === "suggestion") {
+    ui.input.value = button.textContent;
+    autosize();
+    ui.input.focus();
+  }
 });
 ui.modelPicker.addEventListener("change", () => changeConversation({ model: ui.modelPicker.value }));
 $("system-prompt-button").addEventListener("click", () => {

@@ -3,6 +3,7 @@
 // history is drawn newest first in small batches so the page never freezes; the view sticks to the
 // bottom while a reply streams unless the user scrolled up.
 import { MarkdownView } from "./markdown.js";
+import { renderSteps } from "./steps.js";
 
 const BATCH = 25;
 const STICK_PX = 48;
@@ -34,7 +35,7 @@ const STATUS_TEXT = {
 
 class MessageView {
   constructor(message) {
-    this.message = { reasoning: "", meta: null, error: null, status: "complete", ...message };
+    this.message = { reasoning: "", meta: null, error: null, status: "complete", steps: message.meta?.steps ?? [], ...message };
     this.root = element("article", `message ${message.role}`);
     this.root.dataset.role = message.role;
     this.root.setAttribute("aria-label", message.role === "user" ? "You said" : "Assistant replied");
@@ -42,11 +43,14 @@ class MessageView {
     this.reasoning.append(element("summary", "", "Reasoning"), element("div", "reasoning-body"));
     this.reasoning.hidden = true;
     this.body = element("div", "body");
+    this.steps = element("div", "steps");
+    this.steps.hidden = true;
+    this.renderedSteps = null;
     this.notice = element("p", "notice");
     this.notice.hidden = true;
     this.meta = element("p", "meta");
     this.actions = element("div", "actions");
-    this.root.append(this.reasoning, this.body, this.notice, this.meta, this.actions);
+    this.root.append(this.reasoning, this.steps, this.body, this.notice, this.meta, this.actions);
     this.markdown = message.role === "user" ? null : new MarkdownView(this.body);
     this.renderedText = null;
   }
@@ -69,6 +73,11 @@ class MessageView {
       if (this.markdown) this.markdown.render(m.content);
       else this.body.textContent = m.content;
       this.renderedText = m.content;
+    }
+    const stepsKey = `${m.steps.length}:${m.status}`;
+    if (stepsKey !== this.renderedSteps) {
+      renderSteps(this.steps, m.steps, m.status === "streaming");
+      this.renderedSteps = stepsKey;
     }
     this.reasoning.hidden = !m.reasoning;
     if (m.reasoning) this.reasoning.lastElementChild.textContent = m.reasoning;

@@ -40,7 +40,8 @@ NO_LIMITS = [
 class AppProcess:
     """`python main.py` in a subprocess on a free loopback port."""
 
-    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None) -> None:
+    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None, root: Path = ROOT) -> None:
+        self.root = root  # the checkout to run: this one, or a changed copy of it
         self.port = free_port()
         self.db_path = tmp / "chat.db"
         self.log_path = tmp / f"server-{self.port}.log"
@@ -63,7 +64,11 @@ class AppProcess:
     def start(self) -> "AppProcess":
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, str(ROOT / "main.py"), *self.args], cwd=ROOT, env=self.env, stdout=log, stderr=log
+                [sys.executable, str(self.root / "main.py"), *self.args],
+                cwd=self.root,
+                env=self.env,
+                stdout=log,
+                stderr=log,
             )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:

@@ -23,6 +23,7 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "api_key": ("sk-one-0123456789", "sk-two-0123456789"),
     "model": ("model-one", "model-two"),
     "model_path": ("/tmp/one.gguf", "/tmp/two.gguf"),
+    "flow": ("flow-one", "flow-two"),
     "system_prompt": ("Prompt one.", "Prompt two."),
     "db_path": ("one.db", "two.db"),
     "host": ("192.0.2.1", "192.0.2.2"),

@@ -44,4 +44,31 @@ def test_a_follower_waits_for_new_entries_until_the_log_closes():
 
     seen, snapshot = asyncio.run(scenario())
     assert seen == [1, 2, 3]
-    assert snapshot == {"turn_id": "t2", "seq": 3, "content": "xyz", "reasoning": ""}
+    assert snapshot == {"turn_id": "t2", "seq": 3, "content": "xyz", "reasoning": "", "steps": []}
+
+
+def test_steps_are_ordered_with_the_chunks_snapshotted_and_mirrored():
+    async def scenario():
+        log = InProcessTurnLog("t3")
+        log.append_chunk("a")
+        log.append_step("Search", "sources", [{"source": "notes.md"}])
+        log.append_chunk("b")
+        produced = [text async for text in _closed(log).follow(0)]
+        mirror = InProcessTurnLog("t3")
+        for key, text in zip(log._keys, log._entries, strict=True):
+            mirror.add_entry(key, text)
+        return produced, log.snapshot(), mirror.snapshot()
+
+    produced, snapshot, mirrored = asyncio.run(scenario())
+    kinds = [json.loads(text)["type"] for text in produced]
+    assert kinds == ["chunk", "step", "chunk"]
+    assert (
+        snapshot["steps"]
+        == mirrored["steps"]
+        == [{"node": "Search", "kind": "sources", "data": [{"source": "notes.md"}]}]
+    )
+
+
+def _closed(log):
+    log.close()
+    return log

@@ -61,9 +61,11 @@ class Turn:
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set when it has ended, here or elsewhere
 
     def reply_so_far(self) -> Message:
-        """The reply, with the text and reasoning its log holds now."""
+        """The reply, with the text, reasoning and steps its log holds now."""
         snapshot = self.log.snapshot()
         self.reply.content, self.reply.reasoning = snapshot["content"], snapshot["reasoning"]
+        if snapshot["steps"]:
+            self.reply.meta["steps"] = snapshot["steps"]
         return self.reply
 
 

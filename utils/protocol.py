@@ -219,6 +219,16 @@ def turn_end(turn_id: str, status: str, message_id: str, stats: dict[str, Any]) 
     return {"type": "turn_end", "turn_id": turn_id, "status": status, "message_id": message_id, **stats}
 
 
+def step(turn_id: str, node: str, kind: str, data: Any) -> dict[str, Any]:
+    """What a node shows in the page: `kind` says how (`status`, `sources`, `suggestions`, ...)."""
+    return {"type": "step", "turn_id": turn_id, "node": node, "kind": kind, "data": data}
+
+
+def step_record(frame: dict[str, Any]) -> dict[str, Any]:
+    """A step as kept with its reply (`meta.steps`) and in `ready.running.steps`."""
+    return {"node": frame["node"], "kind": frame["kind"], "data": frame["data"]}
+
+
 def conversation(record: ConversationRecord) -> dict[str, Any]:
     return {
         "type": "conversation",
@@ -244,4 +254,14 @@ def error(error: ProtocolError) -> dict[str, Any]:
     return frame
 
 
-SERVER_FRAME_TYPES = ["ready", "turn_start", "chunk", "queued", "turn_end", "conversation", "deleted", "error"]
+SERVER_FRAME_TYPES = [
+    "ready",
+    "turn_start",
+    "chunk",
+    "queued",
+    "step",
+    "turn_end",
+    "conversation",
+    "deleted",
+    "error",
+]

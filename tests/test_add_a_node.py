@@ -1,0 +1,157 @@
+"""docs/add-a-node.md works as written: its blocks, applied to a copy of this checkout, give a node
+whose test passes and whose step a real browser shows, with nothing else changed; and a node of a
+kind the page does not know is shown plainly."""
+
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from tests.conftest import API_KEY, NO_LIMITS, ROOT, AppProcess
+from tests.fake_openai import FakeOpenAI, Reply
+
+pytestmark = pytest.mark.browser
+
+GUIDE = (ROOT / "docs" / "add-a-node.md").read_text()
+BLOCKS = re.findall(r"```python\n# (\S+): ([^\n]*)\n(.*?)```", GUIDE, re.S)
+COMPLETE_LINE = '    chat - "complete" >> save\n'
+
+
+def copy_of_checkout(into: Path) -> Path:
+    """The files of this checkout (tracked, or new and not ignored), copied; the page's libraries linked."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True
+    )
+    for name in listed.stdout.splitlines():
+        if (ROOT / name).is_file():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, into / name)
+    (into / "node_modules").symlink_to(ROOT / "node_modules")
+    return into
+
+
+def apply(copy: Path, path: str, how: str, code: str) -> None:
+    """One block of a guide: a new file, lines added at the end or to the imports, or a line changed."""
+    target = copy / path
+    text = target.read_text() if target.exists() else ""
+    if how.startswith("a new file"):
+        text = code
+    elif how.startswith("add at the end"):
+        text += "\n\n" + code
+    elif how.startswith("add to the imports"):
+        last_import = max(m.end() for m in re.finditer(r"^from utils\.\S+ import [^\n]+\n", text, re.M))
+        text = text[:last_import] + code + text[last_import:]
+    else:  # a line of create_chat_flow becomes the block's line
+        assert COMPLETE_LINE in text, "flow.py no longer has the line the guide changes"
+        text = text.replace(COMPLETE_LINE, code)
+    target.write_text(text)
+
+
+def changed_files(copy: Path) -> set[str]:
+    changed = set()
+    for path in copy.rglob("*"):
+        name = path.relative_to(copy).as_posix()
+        if path.is_file() and not path.is_symlink() and "__pycache__" not in name and ".pytest_cache" not in name:
+            original = ROOT / name
+            if not original.is_file() or original.read_bytes() != path.read_bytes():
+                changed.add(name)
+    return changed
+
+
+@pytest.fixture
+def start(tmp_path: Path, fake: FakeOpenAI) -> Iterator[Callable[[Path], AppProcess]]:
+    """Start the app of a changed copy against the fake (killed at the end, whatever happened)."""
+    started: list[AppProcess] = []
+
+    def run(copy: Path) -> AppProcess:
+        flags = ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--retry-wait", "0.05", *NO_LIMITS]
+        started.append(AppProcess(tmp_path, flags, {"POCKETCHAT_API_KEY": API_KEY}, root=copy))
+        return started[-1].start()
+
+    yield run
+    for app in started:
+        app.kill()
+
+
+def chat(browser: Browser, app: AppProcess, text: str) -> Page:
+    page = browser.new_context(base_url=app.url).new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto("/")
+    expect(page.locator("#send")).to_be_enabled()
+    page.locator("#input").fill(text)
+    page.locator("#input").press("Enter")
+    expect(page.locator(".message.assistant[data-status=complete]")).to_have_count(1, timeout=20_000)
+    assert errors == []
+    return page
+
+
+def test_the_guides_node_is_four_blocks_whose_test_passes_and_whose_suggestions_a_browser_shows(
+    tmp_path, fake, browser, start
+):
+    assert [path for path, _, _ in BLOCKS] == [
+        "utils/follow_ups.py",
+        "nodes.py",
+        "nodes.py",
+        "flow.py",
+        "tests/test_follow_ups.py",
+    ]
+    copy = copy_of_checkout(tmp_path / "copy")
+    for path, how, code in BLOCKS:
+        apply(copy, path, how, code)
+    changed = {"nodes.py", "flow.py", "utils/follow_ups.py", "tests/test_follow_ups.py"}
+    assert changed_files(copy) == changed
+    flow = (copy / "flow.py").read_text()
+    (copy / "flow.py").write_text(flow.replace("import BuildPrompt,", "import BuildPrompt, SuggestFollowUps,"))
+
+    guide_test = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_follow_ups.py"],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+    )
+    assert guide_test.returncode == 0 and "1 passed" in guide_test.stdout, guide_test.stdout + guide_test.stderr
+
+    app = start(copy)
+    fake.queue(Reply(tokens=["Rome ", "is ", "old."]), Reply(tokens=["1. Why is it old?\n2. Who built it?\n3. When?"]))
+    page = chat(browser, app, "Tell me about Rome")
+    suggestions = page.locator(".suggestion")
+    expect(suggestions).to_have_text(["Why is it old?", "Who built it?", "When?"])
+    suggestions.nth(1).click()
+    expect(page.locator("#input")).to_have_value("Who built it?")
+    page.reload()  # kept with the reply: back from the history
+    expect(page.locator(".suggestion")).to_have_count(3)
+    app.stop()
+    assert "Flow ends" not in app.logs() and "Traceback" not in app.logs()
+
+
+def test_a_node_of_a_kind_the_page_does_not_know_is_shown_plainly(tmp_path, fake, browser, start):
+    copy = copy_of_checkout(tmp_path / "copy")
+    node = '''
+class CountWords(AsyncNode):
+    """Show how many words the reply has."""
+
+    async def prep_async(self, shared: dict[str, Any]) -> str:
+        return shared["turn"].reply.content
+
+    async def post_async(self, shared: dict[str, Any], reply: str, _: None) -> None:
+        shared["log"].append_step("CountWords", "word_count", {"words": len(reply.split())})
+'''
+    apply(copy, "nodes.py", "add at the end", node)
+    apply(copy, "flow.py", "changed", '    chat - "complete" >> CountWords() >> save\n')
+    flow = (copy / "flow.py").read_text()
+    (copy / "flow.py").write_text(flow.replace("import BuildPrompt,", "import BuildPrompt, CountWords,"))
+    assert changed_files(copy) == {"nodes.py", "flow.py"}
+
+    app = start(copy)
+    fake.queue(Reply(tokens=["one ", "two ", "three"]))
+    page = chat(browser, app, "Count")
+    shown = page.locator(".steps details.other")
+    expect(shown.locator("summary")).to_have_text("CountWords · word_count")
+    shown.locator("summary").click()
+    expect(shown.locator("pre")).to_contain_text('"words": 3')
