@@ -111,7 +111,14 @@ class AppProcess:
     def client(self, **headers: str) -> "ChatClient":
         # legacy=True: a connection the test closes itself, rather than a `with` block per client.
         client = ChatClient(
-            connect(self.ws_url, additional_headers=headers or None, open_timeout=10, max_size=None, legacy=True)
+            connect(
+                self.ws_url,
+                additional_headers=headers or None,
+                open_timeout=10,
+                close_timeout=1,  # a client that stopped reading cannot finish a close handshake
+                max_size=None,
+                legacy=True,
+            )
         )
         self.clients.append(client)
         return client

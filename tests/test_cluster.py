@@ -77,7 +77,9 @@ def cookie(replicas: list[AppProcess]) -> str:
 
 
 def client(ws_url: str, cookie: str) -> ChatClient:
-    return ChatClient(connect(ws_url, additional_headers={"Cookie": cookie}, max_size=None, legacy=True))
+    return ChatClient(
+        connect(ws_url, additional_headers={"Cookie": cookie}, close_timeout=1, max_size=None, legacy=True)
+    )
 
 
 def tabs_on_both_replicas(balancer: Nginx, replicas: list[AppProcess], cookie: str) -> tuple[ChatClient, ChatClient]:
