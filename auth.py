@@ -134,6 +134,10 @@ class SignIn:
         return hmac.new(self._key, session_id.encode(), hashlib.sha256).hexdigest()
 
     def _unsign(self, cookie: str) -> str | None:
+        """The session id a cookie carries, if its signature is ours. A cookie that is not even ASCII
+        (any service on this host can plant one: cookies ignore ports) is no session, like a missing one."""
+        if not cookie.isascii():
+            return None
         session_id, _, signature = cookie.partition(".")
         return session_id if hmac.compare_digest(signature, self._signature(session_id)) else None
 

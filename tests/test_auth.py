@@ -98,6 +98,35 @@ def test_a_forged_or_tampered_cookie_is_no_session(token_app):
         assert call(token_app, "GET", "/api/conversations", Cookie=f"pocketchat_session={forged}").status == 401
 
 
+# Cookies ignore ports: any service on this host can plant one, bytes and all.
+MALFORMED_COOKIES = [
+    "pocketchat_session=abc.\xe9\xff\u00ff",  # non-ASCII bytes in the signature
+    "pocketchat_session=\xe9t\xe9.0123",  # and in the session id
+    "pocketchat_session=..........",
+    "pocketchat_session=",
+    "pocketchat_session=%FF%00.%FE; pocketchat_session=a.b.c",
+]
+
+
+@pytest.mark.parametrize("cookie", MALFORMED_COOKIES)
+def test_a_malformed_cookie_is_a_missing_cookie_on_every_route_and_the_socket(token_app, cookie):
+    answers = {
+        path: call(token_app, "GET", path, Cookie=cookie).status
+        for path in ("/", "/login", "/livez", "/healthz", "/metrics", "/static/app.js", "/api/conversations")
+    }
+    assert answers == {
+        "/": 303, "/login": 200, "/livez": 200, "/healthz": 200, "/metrics": 200, "/static/app.js": 200,
+        "/api/conversations": 401,
+    }  # fmt: skip
+    form = urlencode({"token": TOKEN}).encode()
+    signed_in = call(token_app, "POST", "/login", form, Cookie=cookie, Content_Type="application/x-www-form-urlencoded")
+    assert signed_in.status == 303
+    assert call(token_app, "POST", "/logout", Cookie=cookie).status == 401  # no session to end
+    assert close_code(token_app, Cookie=cookie) == 4401
+    token_app.stop()
+    assert "Traceback" not in token_app.logs()
+
+
 def test_a_wrong_token_is_refused_and_five_a_minute_then_429_even_for_the_right_one(token_app):
     for _ in range(5):
         answer, cookie = sign_in(token_app, "not-the-token-at-all-00000")
