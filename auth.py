@@ -88,12 +88,26 @@ class SignIn:
         )
         if self.mode == "none":
             visitor.user = LOCAL_USER
-        elif self.mode == "header":
-            name = headers.get(self.settings.auth_header, "").strip() if from_proxy else ""
-            visitor.user = name if 0 < len(name) <= MAX_USER_LENGTH else None
+        elif self.mode == "header" and from_proxy:
+            visitor.user = self._proxy_user(headers)
         elif (cookie := _cookie(headers, SESSION_COOKIE)) and (session_id := self._unsign(cookie)):
             visitor.user, visitor.session_id = await self._session_user(session_id), session_id
         return visitor
+
+    def _proxy_user(self, headers: Headers) -> str | None:
+        """The one user the proxy names. Two names (two headers, or a list in one) mean the proxy added
+        its header to one the browser sent rather than replacing it: whichever came first, the browser
+        may have chosen it, so nobody is signed in."""
+        values = headers.getlist(self.settings.auth_header)
+        if len(values) > 1 or any("," in value for value in values):
+            logger.warning(
+                "refused a request whose %s names more than one user: the proxy must replace that "
+                "header, never add to it",
+                self.settings.auth_header,
+            )
+            return None
+        name = values[0].strip() if values else ""
+        return name if 0 < len(name) <= MAX_USER_LENGTH else None
 
     def _client_address(self, peer: str, headers: Headers) -> str:
         """The address the proxies say the request came from: the last one in X-Forwarded-For that is

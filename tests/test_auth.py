@@ -284,6 +284,37 @@ def test_in_header_mode_a_request_without_the_header_is_403(header_app):
     assert refused.value.response.status_code == 403
 
 
+def raw_get(app: AppProcess, path: str, headers: list[tuple[str, str]]) -> int:
+    """A GET with these headers, the same name as often as it is listed."""
+    connection = http.client.HTTPConnection("127.0.0.1", app.port, timeout=10)
+    try:
+        connection.putrequest("GET", path)
+        for name, value in headers:
+            connection.putheader(name, value)
+        connection.endheaders()
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("X-Forwarded-User", "mallory"), ("X-Forwarded-User", "alice")],  # a proxy that appends its own
+        [("X-Forwarded-User", "alice"), ("X-Forwarded-User", "alice")],
+        [("X-Forwarded-User", "mallory, alice")],  # or joins them into a list
+        [("X-Forwarded-User", "mallory,alice")],
+    ],
+)
+def test_in_header_mode_two_user_names_are_refused(header_app, headers):
+    assert raw_get(header_app, "/api/conversations", [("X-Forwarded-User", "alice")]) == 200
+    assert raw_get(header_app, "/api/conversations", headers) == 403
+    assert raw_get(header_app, "/", headers) == 403
+    with pytest.raises(InvalidStatus) as refused:
+        connect(header_app.ws_url, additional_headers=headers, open_timeout=10)
+    assert refused.value.response.status_code == 403
+
+
 def test_in_header_mode_the_header_is_believed_only_from_a_trusted_proxy(start_app):
     app = start_app("--auth", "header", "--trusted-proxies", "192.0.2.1")  # not where the test calls from
     assert call(app, "GET", "/api/conversations", **as_user("alice")).status == 403
