@@ -84,7 +84,7 @@ class SignIn:
         visitor = Visitor(
             user=None,
             address=self._client_address(peer, headers) if from_proxy else peer,
-            https=scope["scheme"] in ("https", "wss") or (from_proxy and headers.get("x-forwarded-proto") == "https"),
+            https=scope["scheme"] in ("https", "wss") or (from_proxy and _forwarded_https(headers)),
         )
         if self.mode == "none":
             visitor.user = LOCAL_USER
@@ -161,6 +161,22 @@ async def access_token(settings: Settings, store: Store) -> str:
     if settings.token is not None:
         return settings.token.get_secret_value()
     return await store.secret("access_token", lambda: secrets.token_urlsafe(24))
+
+
+def _forwarded_https(headers: Headers) -> bool:
+    """Whether the browser's own connection was https, as the proxies say: the first hop of
+    X-Forwarded-Proto (`https, http`: TLS ended at the first proxy) or of RFC 7239 Forwarded
+    (`proto=https`), in any case. Read only from a trusted proxy; a browser that forges it only makes
+    its own cookie Secure."""
+    first_proto = headers.get("x-forwarded-proto", "").split(",")[0].strip()
+    if first_proto.lower() == "https":
+        return True
+    first_hop = headers.get("forwarded", "").split(",")[0]
+    for pair in first_hop.split(";"):
+        name, _, value = pair.partition("=")
+        if name.strip().lower() == "proto":
+            return value.strip().strip('"').lower() == "https"
+    return False
 
 
 def _cookie(headers: Headers, name: str) -> str | None:

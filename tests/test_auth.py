@@ -204,7 +204,33 @@ def test_behind_a_trusted_proxy_over_https_the_cookie_is_secure(token_app):
     assert "secure" in answer.headers["set-cookie"].lower()
 
 
-def sign_in_through_proxy(app: AppProcess) -> tuple[Answer, str]:
+@pytest.mark.parametrize(
+    ("header", "value", "secure"),
+    [
+        ("X-Forwarded-Proto", "https, http", True),  # TLS ended at the first of two proxies
+        ("X-Forwarded-Proto", "HTTPS", True),
+        ("X-Forwarded-Proto", " Https ,http", True),
+        ("Forwarded", "for=198.51.100.7;proto=https", True),  # RFC 7239
+        ("Forwarded", 'for="[2001:db8::1]";Proto="HTTPS", for=10.0.0.1;proto=http', True),
+        ("X-Forwarded-Proto", "http, https", False),  # the browser's own hop was plain http
+        ("Forwarded", "for=198.51.100.7;proto=http, for=10.0.0.1;proto=https", False),
+        ("X-Forwarded-Proto", "httpsx", False),
+    ],
+)
+def test_the_cookie_is_secure_when_the_first_hop_a_trusted_proxy_names_is_https(token_app, header, value, secure):
+    answer, cookie = sign_in_through_proxy(token_app, **{header.replace("-", "_"): value})
+    assert cookie.startswith("pocketchat_session=")
+    assert ("secure" in answer.headers["set-cookie"].lower()) is secure
+
+
+def test_the_forwarded_proto_of_an_untrusted_peer_is_not_believed(start_app):
+    app = start_app("--auth", "token", "--token", TOKEN, "--trusted-proxies", "192.0.2.1")
+    for header in ({"X_Forwarded_Proto": "https"}, {"Forwarded": "proto=https"}):
+        answer, cookie = sign_in_through_proxy(app, **header)
+        assert cookie and "secure" not in answer.headers["set-cookie"].lower()
+
+
+def sign_in_through_proxy(app: AppProcess, **forwarded: str) -> tuple[Answer, str]:
     form = urlencode({"token": TOKEN}).encode()
     answer = call(
         app,
@@ -212,8 +238,8 @@ def sign_in_through_proxy(app: AppProcess) -> tuple[Answer, str]:
         "/login",
         form,
         Content_Type="application/x-www-form-urlencoded",
-        X_Forwarded_Proto="https",
         X_Forwarded_For="198.51.100.7",
+        **(forwarded or {"X_Forwarded_Proto": "https"}),
     )
     return answer, answer.headers.get("set-cookie", "").split(";")[0]
 
