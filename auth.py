@@ -14,10 +14,11 @@ import hmac
 import ipaddress
 import logging
 import math
+import re
 import secrets
 import time
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -331,10 +332,29 @@ async def logout(request: Request) -> Response:
     return response
 
 
-def access_log_without_secrets(path: str) -> str:
-    """A request line's path with any `token=` value hidden."""
-    parts = urlsplit(path)
-    if "token=" not in parts.query:
-        return path
-    query = "&".join("token=[hidden]" if pair.startswith("token=") else pair for pair in parts.query.split("&"))
-    return parts._replace(query=query).geturl()
+def access_log_without_secrets(target: str) -> str:
+    """A request line's path and query with the value of anything that may be a sign-in token hidden.
+
+    Judged on the decoded text, however it is spelt: `%74oken=`, `+token=`, `;` or an encoded `?` as a
+    separator, a key repeated, an encoded `&` inside a value. Any part (between `?`, `&`, `;` and `#`)
+    whose fully decoded text mentions a token, in any case, is hidden whole; its key is kept when it
+    is just `token`, however encoded."""
+    if "token" not in _fully_decoded(target).lower():
+        return target  # nearly every line: one decode, no split
+    pieces = re.split(r"([?&;#])", target)  # the separators kept, to rebuild the line as it came
+    for index in range(0, len(pieces), 2):
+        if "token" in _fully_decoded(pieces[index]).lower():
+            key, equals, _ = pieces[index].partition("=")
+            named = equals and _fully_decoded(key).strip().lower() == "token"
+            pieces[index] = f"{key}=[hidden]" if named else "[hidden]"
+    return "".join(pieces)
+
+
+def _fully_decoded(text: str) -> str:
+    """`text` percent- and plus-decoded until it changes no more (`%2574` is `%74` is `t`)."""
+    for _ in range(5):
+        decoded = unquote_plus(text)
+        if decoded == text:
+            break
+        text = decoded
+    return text

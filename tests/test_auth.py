@@ -149,6 +149,28 @@ def test_a_sign_in_link_signs_in_and_redirects_to_a_clean_url_and_the_log_shows_
     assert TOKEN not in logs and "wrong-token" not in logs and cookie.split("=")[1] not in logs
 
 
+@pytest.mark.parametrize(
+    "query",
+    [
+        f"%74oken={TOKEN}",  # signs in: the framework decodes the key
+        f"a=1;token={TOKEN}",
+        f"token=x&token={TOKEN}",
+        f"+token={TOKEN}",
+        f"x=1%26token%3D{TOKEN}",
+        f"TOKEN={TOKEN}",
+        f"%2574oken={TOKEN}",
+    ],
+)
+def test_the_access_log_hides_the_token_however_the_query_spells_it(token_app, query):
+    answer = call(token_app, "GET", f"/login?{query}")
+    if query.startswith("%74oken="):
+        assert answer.status == 303 and answer.headers["location"] == "/"  # it did sign in
+    token_app.stop()
+    logs = token_app.logs()
+    assert '"GET /login?' in logs  # the line is there ...
+    assert TOKEN not in logs  # ... without the token
+
+
 def test_signing_out_closes_the_open_sockets_with_4401_and_the_cookie_is_dead(token_app):
     _, cookie = sign_in(token_app)
     _, other_cookie = sign_in(token_app)  # another browser: stays signed in
