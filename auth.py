@@ -188,14 +188,19 @@ def _cookie(headers: Headers, name: str) -> str | None:
     return None
 
 
-def same_origin(headers: Headers, allowed: list[str]) -> bool:
+def same_origin(headers: Headers, allowed: list[str], websocket: bool = False) -> bool:
     """Whether a browser request comes from the page's own origin (or an allowed one); requests
     without Origin do not come from a page of another site."""
     origin = headers.get("origin")
-    if origin is None or origin == "null":
-        # No Origin: not a browser. "null": a browser hid it (the page's Referrer-Policy is no-referrer,
-        # so Chromium sends null for its forms); its fetch metadata still says where the request came from.
-        return headers.get("sec-fetch-site") in (None, "same-origin", "none")
+    if origin is None:
+        return True  # not a browser: browsers send Origin with every WebSocket and every unsafe method
+    if origin == "null":
+        # An opaque origin: a sandboxed iframe, a data: URL, a file, or a page whose Referrer-Policy hid
+        # its origin. Refused unless the operator allows "null" explicitly; but the page's own forms
+        # (its Referrer-Policy is no-referrer, so Chromium sends null for them) are told apart by their
+        # fetch metadata, which no page can forge. WebSocket handshakes carry none: always refused.
+        same_site_form = not websocket and headers.get("sec-fetch-site") == "same-origin"
+        return "null" in allowed or same_site_form
     origin = origin.lower().rstrip("/")
     return urlsplit(origin).netloc == headers.get("host", "").lower() or origin in allowed
 

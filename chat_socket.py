@@ -275,7 +275,7 @@ class Client:
 async def chat_socket(websocket: WebSocket) -> None:
     state = chat_state(websocket.app)
     # Browsers send Origin: only the page's own origin and the configured ones may connect.
-    if not same_origin(websocket.headers, state.settings.allowed_origins):
+    if not same_origin(websocket.headers, state.settings.allowed_origins, websocket=True):
         logger.warning("refused a WebSocket from origin %s", websocket.headers.get("origin"))
         await websocket.close(code=1008)
         return

@@ -279,9 +279,23 @@ def test_a_state_changing_request_from_another_origin_is_refused(token_app):
     hidden = {"Cookie": cookie, "Origin": "null"}
     assert call(token_app, "POST", "/logout", **hidden, Sec_Fetch_Site="cross-site").status == 403
     assert call(token_app, "POST", "/logout", **hidden, Sec_Fetch_Site="same-site").status == 403
+    assert call(token_app, "POST", "/logout", **hidden, Sec_Fetch_Site="none").status == 403
+    assert call(token_app, "POST", "/logout", **hidden).status == 403  # a browser too old to say
     own = f"http://127.0.0.1:{token_app.port}"
     assert call(token_app, "PATCH", path, {"title": "mine"}, Cookie=cookie, Origin=own).status == 200
     assert call(token_app, "GET", path, Cookie=cookie).json()["title"] == "mine"
+
+
+def test_a_websocket_from_the_opaque_origin_null_is_refused_unless_allowed(start_app):
+    """A sandboxed iframe, a data: URL or a file opens sockets with `Origin: null` and no fetch metadata."""
+    app = start_app()  # --auth none on loopback: the socket is all that stands between a page and the chat
+    for headers in ({"Origin": "null"}, {"Origin": "null", "Sec-Fetch-Site": "same-origin"}):
+        with pytest.raises(InvalidStatus) as refused:
+            connect(app.ws_url, additional_headers=headers, open_timeout=10)
+        assert refused.value.response.status_code == 403
+    assert app.client(Origin=f"http://127.0.0.1:{app.port}").hello()["type"] == "ready"
+    allowing = start_app("--allowed-origins", "https://chat.example, NULL")
+    assert allowing.client(Origin="null").hello()["type"] == "ready"
 
 
 # ---- header mode ---------------------------------------------------------------------------------

@@ -209,6 +209,15 @@ def test_an_allowed_origin_that_no_browser_sends_is_refused(given):
         load("--allowed-origins", given)
 
 
+@pytest.mark.parametrize("given", ["null", "NULL", " Null "])
+def test_the_opaque_origin_null_is_allowed_only_when_listed(given, monkeypatch):
+    assert load().allowed_origins == []
+    assert load("--allowed-origins", given).allowed_origins == ["null"]
+    assert load("--allowed-origins", f"{given},https://a.example").allowed_origins == ["null", "https://a.example"]
+    monkeypatch.setenv("POCKETCHAT_ALLOWED_ORIGINS", given)
+    assert load().allowed_origins == ["null"]
+
+
 def host_status(trusted: list[str], host_header: str) -> int:
     """The status starlette's TrustedHostMiddleware (as the app installs it) gives a request with this Host."""
     app = Starlette(

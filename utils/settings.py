@@ -93,7 +93,7 @@ class Settings(BaseSettings):
     allowed_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Extra browser origins allowed to open the WebSocket, comma-separated "
-        "(the page's own origin is always allowed).",
+        "(the page's own origin is always allowed; 'null', the opaque origin any site can make, only if listed).",
     )
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
@@ -186,6 +186,12 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _opaque_origin(cls, value: object) -> object:
+        # The flag parser reads a bare `--allowed-origins null` as JSON's null: it means the origin "null".
+        return ["null"] if value is None else value
 
     @field_validator("allowed_origins")
     @classmethod
@@ -299,7 +305,10 @@ def normalize_origin(origin: str) -> str:
     """`origin` as a browser's Origin header spells it: scheme://host[:port], lower case, no default port.
 
     Browsers send the compressed form of an IPv6 literal and never a path, so a configured origin that
-    differs only in case, a trailing slash or a default port still matches."""
+    differs only in case, a trailing slash or a default port still matches. `null` (the opaque origin
+    of sandboxed iframes, data: URLs and files) is kept as it is: allowed only when listed."""
+    if origin.strip().lower() == "null":
+        return "null"
     parts = urlsplit(origin.strip())
     extra = parts.username is not None or parts.path not in ("", "/") or parts.query or parts.fragment
     if not parts.scheme or not parts.hostname or extra:
