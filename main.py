@@ -94,7 +94,12 @@ CONVERSATION_PATH = re.compile(r"(/api/conversations/)([\w-]{6})[\w-]+")
 
 
 def sign_in_link(settings: Settings, token: str) -> str:
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    host = settings.host
+    if host in ("0.0.0.0", "::"):
+        # Bound to every interface: the first name the server answers to (beyond loopback, it answers
+        # only to --allowed-hosts).
+        named = [name for name in settings.allowed_hosts if "*" not in name]
+        host = named[0].strip("[]") if named else "127.0.0.1"
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{settings.port}/login?token={token}"
 

@@ -13,8 +13,10 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+import main
 from tests.conftest import ROOT, AppProcess
 from tests.test_protocol import wait_for
+from utils.settings import Settings
 
 TOKEN = "a-token-for-the-tests-0123456789"
 
@@ -412,8 +414,36 @@ def test_insecure_no_auth_overrides_the_refusal_with_a_warning(start_app):
 
 
 def test_beyond_loopback_the_default_is_token_sign_in(start_app):
-    app = start_app("--host", "0.0.0.0")
+    app = start_app("--host", "0.0.0.0", "--allowed-hosts", "127.0.0.1")
     assert call(app, "GET", "/api/conversations").status == 401
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "192.0.2.10"])
+@pytest.mark.parametrize("auth", ["token", "header"])
+def test_sign_in_beyond_loopback_needs_allowed_hosts_and_the_refusal_names_the_fix(tmp_path, host, auth):
+    refused = run_main("--host", host, "--auth", auth, "--db-path", str(tmp_path / "c.db"))
+    assert refused.returncode != 0 and "--allowed-hosts" in refused.stderr and "DNS rebinding" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "link"),
+    [
+        (["--host", "0.0.0.0", "--allowed-hosts", "*.lan, Chat.lan"], "http://chat.lan:8000/login?token=T"),
+        (["--host", "::", "--allowed-hosts", "fd00::2"], "http://[fd00::2]:8000/login?token=T"),
+        (["--host", "0.0.0.0", "--allowed-hosts", "*"], "http://127.0.0.1:8000/login?token=T"),
+        (["--host", "::1"], "http://[::1]:8000/login?token=T"),
+    ],
+)
+def test_the_sign_in_link_names_a_host_the_server_answers_to(args, link):
+    assert main.sign_in_link(Settings(_cli_parse_args=args), "T") == link
+
+
+def test_beyond_loopback_with_allowed_hosts_another_host_name_is_refused(start_app):
+    """A DNS-rebinding page reaches the app under its own name: that Host is not answered."""
+    app = start_app("--host", "0.0.0.0", "--auth", "header", "--allowed-hosts", "chat.example, 127.0.0.1")
+    assert call(app, "GET", "/api/conversations", **as_user("alice")).status == 200
+    assert call(app, "GET", "/api/conversations", Host="chat.example", **as_user("alice")).status == 200
+    assert call(app, "GET", "/api/conversations", Host="rebound.example:80", **as_user("alice")).status == 400
 
 
 # ---- a database of the first release -------------------------------------------------------------

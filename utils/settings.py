@@ -98,7 +98,7 @@ class Settings(BaseSettings):
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Host names the server answers to, comma-separated; unset means the loopback names plus "
-        "--host (any name when bound to all interfaces). Guards against DNS rebinding.",
+        "--host. Required with --auth token or header beyond loopback. Guards against DNS rebinding.",
     )
     context_budget: int = Field(
         4000,
@@ -269,6 +269,15 @@ class Settings(BaseSettings):
                 f"Refusing to serve {self.host} without a sign-in: anyone who reaches it could read every "
                 "conversation. Use --auth token (or POCKETCHAT_AUTH=token), or --auth header behind an "
                 "authenticating proxy; --insecure-no-auth overrides this."
+            )
+        if self.auth_mode != "none" and not self.on_loopback and not self.allowed_hosts:
+            # Beyond loopback, any name can resolve to this address: a page of another site that points
+            # its own name at it (DNS rebinding) would be same-origin with the app, and in header mode
+            # nothing but the Host header would tell its requests apart.
+            return (
+                f"Refusing to serve {self.host} with --auth {self.auth_mode} and no --allowed-hosts: a page of "
+                "any site could reach it under a name of its own (DNS rebinding). Name the hosts browsers use "
+                "to reach it, e.g. --allowed-hosts chat.example.org,192.168.1.20 (or POCKETCHAT_ALLOWED_HOSTS)."
             )
         return None
 
