@@ -8,6 +8,7 @@ import pytest
 
 from tests.conftest import API_KEY, MODES
 from tests.fake_openai import Reply
+from utils.conversations import UNKNOWN
 
 # Every rule holds in both modes: one process on SQLite, and a replica on PostgreSQL and Redis.
 pytestmark = pytest.mark.parametrize("mode", MODES, indirect=True)
@@ -94,6 +95,27 @@ def test_delete_stops_the_turn_tells_the_sockets_and_removes_everything(app, fak
 def test_unknown_conversations_are_404(app):
     for method in ("GET", "PATCH", "DELETE"):
         assert request(app, method, "/api/conversations/nope", {} if method == "PATCH" else None)[0] == 404
+
+
+# Ids no conversation can have: a NUL (PostgreSQL refuses it in text), the UTF-8 of a lone surrogate
+# (decoded as U+FFFD), a character beyond ASCII, a space, far too long.
+IMPOSSIBLE_IDS = ["%00", "abc%00def", "%ED%A0%BD", "%C3%A9t%C3%A9", "a%20b", "x" * 5000]
+
+
+@pytest.mark.parametrize("bad_id", IMPOSSIBLE_IDS)
+def test_an_id_that_cannot_exist_is_404_on_every_route(app, bad_id):
+    for method, path in [
+        ("GET", f"/api/conversations/{bad_id}"),
+        ("PATCH", f"/api/conversations/{bad_id}"),
+        ("DELETE", f"/api/conversations/{bad_id}"),
+        ("GET", f"/api/conversations/{bad_id}/export.md"),
+    ]:
+        status, body = request(app, method, path, {"title": "x"} if method == "PATCH" else None)
+        assert (status, json.loads(body)) == (404, {"detail": UNKNOWN}), (method, path[:60])
+    client = app.client()
+    client.send("hello", session_id="\u00e9t\u00e9 " + "\ufffd")
+    assert client.recv()["code"] == "unknown_session"
+    assert client.hello()["type"] == "ready"  # the socket goes on
 
 
 def test_export_is_markdown_of_the_whole_conversation(app, fake):

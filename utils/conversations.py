@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from utils import protocol
-from utils.messages import ConversationRecord, Message, new_id
+from utils.messages import ConversationRecord, Message, new_id, possible_id
 from utils.protocol import NothingToRegenerate, TurnInProgress, UnknownSession
 from utils.store import Store
 from utils.turn_log import InProcessTurnLog, TurnLog
 
+UNKNOWN = "No conversation has that id; it may have been deleted."
 UNSTORED_KEEP_SECONDS = 600.0
 MAX_UNSTORED = 10_000  # new conversations kept without a socket; the oldest are let go first
 
@@ -247,6 +248,8 @@ class Hub:
     async def open(self, conversation_id: str, owner: str) -> Conversation:
         """The conversation, if `owner` owns it. Anyone else is told exactly what they would be told
         for an id that does not exist: nothing says it exists."""
+        if not possible_id(conversation_id):
+            raise UnknownSession(UNKNOWN)
         if (live := self._live.get(conversation_id)) is None:
             # Two sockets opening the same conversation at once must get the same object.
             if (loading := self._loading.get(conversation_id)) is None:
@@ -258,7 +261,7 @@ class Hub:
         if live is None or live.deleting or live.record.owner != owner:
             if live is not None:
                 self.release(live)  # loaded for nobody: not kept
-            raise UnknownSession("No conversation has that id; it may have been deleted.")
+            raise UnknownSession(UNKNOWN)
         return live
 
     async def _load(self, conversation_id: str) -> Conversation | None:
