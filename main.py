@@ -16,12 +16,16 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.responses import Response
+from starlette.types import Scope
 
 import auth
 from api import invalid_request, router
@@ -72,9 +76,33 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_api_websocket_route("/ws", chat_socket)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    # The page's libraries, installed from the npm registry by `make` (package-lock.json pins them).
-    app.mount("/vendor", StaticFiles(directory=HERE / "node_modules", check_dir=False), name="vendor")
+    # The page's libraries, installed from the npm registry by `make` (package-lock.json pins them):
+    # only the files the page loads, not the rest of node_modules (package metadata, sources, tools).
+    vendor = VendorFiles(vendor_files(), directory=HERE / "node_modules", check_dir=False)
+    app.mount("/vendor", vendor, name="vendor")
     return app
+
+
+VENDOR_PATH = re.compile(r"/vendor/([\w@.+/-]+)")
+
+
+def vendor_files() -> frozenset[str]:
+    """The paths under /vendor/ that the page names: in its template, its scripts and its styles."""
+    sources = [*HERE.glob("templates/*.html"), *HERE.glob("static/*.js"), *HERE.glob("static/*.css")]
+    return frozenset(path for source in sources for path in VENDOR_PATH.findall(source.read_text()))
+
+
+class VendorFiles(StaticFiles):
+    """StaticFiles that serves only an allow-list of paths; anything else is a 404, as if absent."""
+
+    def __init__(self, allowed: frozenset[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.allowed = allowed
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        if path not in self.allowed:  # `path` is normalised already: no `..`, no doubled slashes
+            raise HTTPException(status_code=404)
+        return await super().get_response(path, scope)
 
 
 class HideSecretsInAccessLog(logging.Filter):
