@@ -31,6 +31,7 @@ import auth
 from api import invalid_request, router
 from chat_socket import chat_socket
 from state import AppState
+from utils.body_limit import BodyLimit
 from utils.providers import make_provider
 from utils.settings import Settings
 from utils.store import make_store
@@ -68,9 +69,11 @@ def create_app(settings: Settings) -> FastAPI:
             await state.aclose()
 
     app = FastAPI(title="PocketChat", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    # The last added runs first: a request for a host we do not serve is refused before sign-in.
+    # The last added runs first: a request for a host we do not serve is refused before sign-in, and a
+    # body over its limit before anything reads it.
     app.add_middleware(auth.SignInMiddleware)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
+    app.add_middleware(BodyLimit)
     app.include_router(auth.router)
     app.include_router(router)
     app.add_exception_handler(RequestValidationError, invalid_request)
