@@ -26,7 +26,7 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pages import render_page
-from utils.limits import Limits
+from utils.limits import Limits, SignInAttempt
 from utils.settings import Settings
 from utils.store import Store
 
@@ -302,14 +302,17 @@ async def login_form(request: Request) -> Response:
 async def _sign_in(request: Request, token: str, failed: Response) -> Response:
     sign_in: SignIn = request.app.state.chat.sign_in
     visitor = visitor_of(request)
-    if wait := await sign_in.limits.sign_in_wait(visitor.address):
-        seconds = str(max(1, math.ceil(wait)))
+    # Counted as a wrong token before the token is looked at: attempts sent at once cannot all be checked
+    # before any is counted. A right one is uncounted.
+    attempt = await sign_in.limits.take_sign_in(visitor.address)
+    if not isinstance(attempt, SignInAttempt):
+        seconds = str(max(1, math.ceil(attempt)))
         error = f"Too many wrong tokens from your address: try again in {seconds} s."
         return login_page(request, 429, error, **{"Retry-After": seconds})
     if not sign_in.token_matches(token):
-        await sign_in.limits.failed_sign_in(visitor.address)
         logger.warning("a wrong sign-in token from %s", visitor.address)
         return failed
+    await sign_in.limits.succeeded(attempt)
     response = RedirectResponse("/", status_code=303)
     # HttpOnly: no script reads it. SameSite=Lax: sent when a link from another site (a bookmark, a
     # mail) is followed, never with another site's requests that change something (those are refused

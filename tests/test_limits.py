@@ -1,11 +1,16 @@
 """Each per-user limit: going over it gets `rate_limited` with `retry_after`; nothing running is touched
 and the socket stays open (over the socket limit, the new socket is told and closed with 1013)."""
 
+import contextlib
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import MODES, reply_text
 from tests.fake_openai import Reply
+from tests.test_auth import sign_in
 from tests.test_protocol import wait_for
 
 # The limits hold in both modes: counted in the process, or in Redis across replicas.
@@ -116,3 +121,51 @@ def test_over_the_sockets_limit_the_new_socket_is_told_and_closed_and_the_others
         return client.recv()["type"] == "ready"
 
     wait_for(a_new_socket_is_served)
+
+
+# ---- bursts: every limit is checked and counted in one step -----------------------------------------
+
+TOKEN = "a-token-for-the-limits-0123456789"
+
+
+def at_once(count: int, attempt) -> list:
+    """`attempt(i)` for i in range(count), all started together (threads waiting at a barrier)."""
+    barrier = threading.Barrier(count)
+
+    def run(i: int):
+        barrier.wait(30)
+        return attempt(i)
+
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(run, range(count)))
+
+
+def test_a_burst_of_wrong_tokens_gets_five_401s_and_the_rest_429(start_app):
+    """With replicas, the check and the count were separate Redis calls: 128 of 200 got a 401."""
+    app = start_app("--auth", "token", "--token", TOKEN)
+    statuses = at_once(200, lambda i: sign_in(app, f"wrong-token-number-{i:04}")[0].status)
+    assert sorted(statuses) == [401] * 5 + [429] * 195
+    assert sign_in(app, TOKEN)[0].status == 429  # the right one waits too, from this address
+
+
+def first_frame(app, frame: dict) -> str:
+    """Open a socket (left open) and send `frame`: what the first answer is, `ready` or an error code."""
+    client = app.client()
+    with contextlib.suppress(ConnectionClosed):  # over the sockets limit: told, then closed at once
+        client.send(**frame)
+    answer = client.recv(30)
+    return answer.get("code", answer["type"])
+
+
+def test_a_burst_of_sockets_opens_no_more_than_the_limit(start_app):
+    """Sockets limit 20: 41 of 80 opened when the check and the count were separate Redis calls."""
+    app = start_app("--limit-sockets", "20")
+    answers = at_once(80, lambda i: first_frame(app, {"type": "hello"}))
+    assert sorted(answers) == ["rate_limited"] * 60 + ["ready"] * 20
+
+
+def test_a_burst_of_new_conversations_starts_no_more_than_the_limit(start_app):
+    """New conversations limit 30: 31 of 60 started when the check and the count were separate."""
+    app = start_app("--limit-conversations-per-minute", "30")
+    answers = at_once(60, lambda i: first_frame(app, {"type": "hello"}))
+    assert sorted(answers) == ["rate_limited"] * 30 + ["ready"] * 30

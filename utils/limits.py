@@ -3,8 +3,9 @@ and failed sign-ins per client address. A limit of 0 is off.
 
 The rules are here; the counting is done by a `Counters` kind: in this process (`LocalCounters`), or
 in Redis with replicas (`utils/redis_limits.py`), so that a user's limits hold across replicas.
-A message is checked and counted in one step (`MessageCounts`), with the conversation's lease when
-there are replicas: messages sent together cannot all pass the check before any of them is counted.
+Every limit is checked and counted in one step (`take`): requests that arrive together cannot all
+pass the check before any of them is counted. A message is taken with the conversation's lease
+when there are replicas.
 """
 
 import time
@@ -53,11 +54,12 @@ class Window(Protocol):
 
     limit: int
 
-    async def wait(self, key: str) -> float:
-        """Seconds until one more event is allowed (0: now)."""
+    async def take(self, key: str) -> tuple[float, str | None]:
+        """Count an event unless that would pass the limit, in one step: (0, the event's name, for
+        `forget`), or (seconds until one more is allowed, None)."""
 
-    async def count(self, key: str) -> str:
-        """Count an event; its name, for `forget`."""
+    async def forget(self, key: str, event: str) -> None:
+        """Uncount an event."""
 
 
 class Gauge(Protocol):
@@ -65,9 +67,8 @@ class Gauge(Protocol):
 
     limit: int
 
-    async def full(self, key: str) -> bool: ...
-
-    async def add(self, key: str) -> None: ...
+    async def take(self, key: str) -> bool:
+        """Count one more unless the limit is reached, in one step; whether it was counted."""
 
     async def remove(self, key: str) -> None: ...
 
@@ -99,10 +100,9 @@ class LocalWindow:
         self.period = period
         self._events: dict[str, deque[float]] = {}
 
-    async def wait(self, key: str) -> float:
-        if not self.limit or not (events := self._events.get(key)):
+    def _wait(self, key: str, now: float) -> float:
+        if not (events := self._events.get(key)):
             return 0.0
-        now = time.monotonic()
         while events and events[0] <= now - self.period:
             events.popleft()
         if not events:
@@ -110,15 +110,21 @@ class LocalWindow:
             return 0.0
         return events[0] + self.period - now if len(events) >= self.limit else 0.0
 
-    async def count(self, key: str) -> str:
-        at = time.monotonic()
-        if self.limit:
-            self._events.setdefault(key, deque()).append(at)
-        return repr(at)
+    async def take(self, key: str) -> tuple[float, str | None]:
+        # Nothing here awaits: no other request runs between the check and the count.
+        now = time.monotonic()
+        if not self.limit:
+            return 0.0, repr(now)
+        if wait := self._wait(key, now):
+            return wait, None
+        self._events.setdefault(key, deque()).append(now)
+        return 0.0, repr(now)
 
-    def forget(self, key: str, event: str) -> None:
+    async def forget(self, key: str, event: str) -> None:
         if (events := self._events.get(key)) is not None and float(event) in events:
             events.remove(float(event))
+            if not events:
+                del self._events[key]
 
 
 class LocalGauge:
@@ -126,11 +132,14 @@ class LocalGauge:
         self.limit = limit
         self._counts: dict[str, int] = {}
 
-    async def full(self, key: str) -> bool:
+    def full(self, key: str) -> bool:
         return bool(self.limit) and self._counts.get(key, 0) >= self.limit
 
-    async def add(self, key: str) -> None:
+    async def take(self, key: str) -> bool:
+        if self.full(key):
+            return False
         self._counts[key] = self._counts.get(key, 0) + 1
+        return True
 
     async def remove(self, key: str) -> None:
         if (left := self._counts.get(key, 0) - 1) > 0:
@@ -147,16 +156,17 @@ class LocalMessages:
     async def take(self, user: str, lease: Lease | None) -> Taken | Refused:
         # Nothing awaited here suspends, so nothing runs between the check and the count. There is
         # no lease in one process: the conversation itself refuses a second turn.
-        if await self.running.full(user):
+        if self.running.full(user):
             return Refused(RUNNING)
-        if wait := await self.messages.wait(user):
+        wait, event = await self.messages.take(user)
+        if event is None:
             return Refused(MESSAGES, wait)
-        await self.running.add(user)
-        return Taken(user, await self.messages.count(user), lease)
+        await self.running.take(user)
+        return Taken(user, event, lease)
 
     async def give_back(self, taken: Taken) -> None:
         await self.running.remove(taken.user)
-        self.messages.forget(taken.user, taken.event)
+        await self.messages.forget(taken.user, taken.event)
 
     async def ended(self, user: str) -> None:
         await self.running.remove(user)
@@ -173,6 +183,14 @@ class LocalCounters:
 
     def messages(self, running_limit: int, messages_limit: int) -> MessageCounts:
         return LocalMessages(running_limit, messages_limit)
+
+
+@dataclass(frozen=True)
+class SignInAttempt:
+    """A sign-in let through the limit, counted as failed until it turns out right (`succeeded`)."""
+
+    address: str
+    event: str
 
 
 class Limits:
@@ -209,26 +227,28 @@ class Limits:
 
     async def take_conversation(self, user: str) -> None:
         """Count a new conversation, or refuse it."""
-        if wait := await self._conversations.wait(user):
+        wait, event = await self._conversations.take(user)
+        if event is None:
             raise RateLimited(
                 f"You started {self._conversations.limit} conversations in the last minute; wait a moment.", wait
             )
-        await self._conversations.count(user)
 
     async def take_socket(self, user: str) -> None:
         """Count an open socket (`socket_closed` when it closes), or refuse it."""
-        if await self._sockets.full(user):
+        if not await self._sockets.take(user):
             raise RateLimited(
                 f"You have {self._sockets.limit} tabs open already; close one and reload.", RUNNING_RETRY_SECONDS
             )
-        await self._sockets.add(user)
 
     async def socket_closed(self, user: str) -> None:
         await self._sockets.remove(user)
 
-    async def sign_in_wait(self, address: str) -> float:
-        """Seconds this client address must wait before trying to sign in again (0: it may now)."""
-        return await self._failed_sign_ins.wait(address)
+    async def take_sign_in(self, address: str) -> SignInAttempt | float:
+        """Count a sign-in attempt as failed before its token is checked (attempts sent together cannot
+        all pass the check); or the seconds to wait if the address's window is full. An attempt whose
+        token is right is uncounted (`succeeded`)."""
+        wait, event = await self._failed_sign_ins.take(address)
+        return wait if event is None else SignInAttempt(address, event)
 
-    async def failed_sign_in(self, address: str) -> None:
-        await self._failed_sign_ins.count(address)
+    async def succeeded(self, attempt: SignInAttempt) -> None:
+        await self._failed_sign_ins.forget(attempt.address, attempt.event)
