@@ -53,6 +53,31 @@ class Visitor:
     session_id: str | None = None
 
 
+class ThrottledWarning:
+    """A warning logged at most `per_minute` times a minute: thousands of wrong tokens are thousands of
+    log lines otherwise. Those held back are counted, and the count said when the next minute starts."""
+
+    def __init__(self, message: str, per_minute: int = 10) -> None:
+        self.message = message
+        self.per_minute = per_minute
+        self._minute_began = -math.inf
+        self._logged = self._held = 0
+
+    def warn(self, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._minute_began >= 60:
+            if self._held:
+                logger.warning("%d more like the above in that minute, not logged one by one", self._held)
+            self._minute_began, self._logged, self._held = now, 0, 0
+        if self._logged < self.per_minute:
+            self._logged += 1
+            logger.warning(self.message, *args)
+            if self._logged == self.per_minute:
+                logger.warning("more of these this minute are counted, not logged one by one")
+        else:
+            self._held += 1
+
+
 class SignIn:
     """Checks tokens, proxy headers and session cookies; keeps the secrets they need."""
 
@@ -63,6 +88,7 @@ class SignIn:
         self.limits = limits
         self.proxies = [ipaddress.ip_network(network) for network in settings.trusted_proxies]
         self._checked: dict[str, tuple[str, float]] = {}  # session id: (user, when)
+        self.wrong_tokens = ThrottledWarning("a wrong sign-in token from %s")
 
     async def start(self) -> None:
         """Load (or make, on first start) the key that signs session cookies and the access token."""
@@ -307,10 +333,10 @@ async def _sign_in(request: Request, token: str, failed: Response) -> Response:
     attempt = await sign_in.limits.take_sign_in(visitor.address)
     if not isinstance(attempt, SignInAttempt):
         seconds = str(max(1, math.ceil(attempt)))
-        error = f"Too many wrong tokens from your address: try again in {seconds} s."
+        error = f"Too many wrong tokens: try again in {seconds} s."
         return login_page(request, 429, error, **{"Retry-After": seconds})
     if not sign_in.token_matches(token):
-        logger.warning("a wrong sign-in token from %s", visitor.address)
+        sign_in.wrong_tokens.warn(visitor.address)
         return failed
     await sign_in.limits.succeeded(attempt)
     response = RedirectResponse("/", status_code=303)

@@ -1,17 +1,20 @@
 """Each per-user limit: going over it gets `rate_limited` with `retry_after`; nothing running is touched
 and the socket stays open (over the socket limit, the new socket is told and closed with 1013)."""
 
+import asyncio
 import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlencode
 
 import pytest
 from websockets.exceptions import ConnectionClosed
 
 from tests.conftest import MODES, reply_text
 from tests.fake_openai import Reply
-from tests.test_auth import sign_in
+from tests.test_auth import call, sign_in
 from tests.test_protocol import wait_for
+from utils.limits import ALL_SIGN_INS_PER_MINUTE, LocalWindow
 
 # The limits hold in both modes: counted in the process, or in Redis across replicas.
 pytestmark = pytest.mark.parametrize("mode", MODES, indirect=True)
@@ -169,3 +172,49 @@ def test_a_burst_of_new_conversations_starts_no_more_than_the_limit(start_app):
     app = start_app("--limit-conversations-per-minute", "30")
     answers = at_once(60, lambda i: first_frame(app, {"type": "hello"}))
     assert sorted(answers) == ["rate_limited"] * 30 + ["ready"] * 30
+
+
+# ---- the sign-in limiter: addresses grouped, an overall cap, a bounded table, a quiet log ---------
+
+
+def sign_in_from(app, address: str, token: str = "not-the-token-at-all-00000") -> int:
+    """A sign-in through the (trusted, loopback) proxy for a client at `address`."""
+    form = urlencode({"token": token}).encode()
+    headers = {"Content_Type": "application/x-www-form-urlencoded", "X_Forwarded_For": address}
+    return call(app, "POST", "/login", form, **headers).status
+
+
+def test_the_addresses_of_one_ipv6_64_share_one_sign_in_limit(start_app):
+    app = start_app("--auth", "token", "--token", TOKEN)
+    statuses = [sign_in_from(app, f"2001:db8:1:2:{i:x}::{i:x}") for i in range(1, 11)]
+    assert statuses == [401] * 5 + [429] * 5
+    assert sign_in_from(app, "2001:db8:1:3::1") == 401  # the next /64 is another subscriber
+    assert sign_in_from(app, "::ffff:192.0.2.9") == 401  # IPv4-mapped: the IPv4 address it is
+    assert [sign_in_from(app, "192.0.2.9") for _ in range(5)] == [401] * 4 + [429]
+
+
+def test_wrong_tokens_from_thousands_of_addresses_are_capped_together_and_logged_sparingly(start_app):
+    """6,000 wrong tokens from 6,000 IPv6 addresses all got a 401, each logged at WARNING."""
+    app = start_app("--auth", "token", "--token", TOKEN)
+    with ThreadPoolExecutor(8) as pool:
+        statuses = list(pool.map(lambda i: sign_in_from(app, f"2001:db8:{i:x}::1"), range(1, 301)))
+    assert statuses.count(401) == ALL_SIGN_INS_PER_MINUTE and statuses.count(429) == 300 - ALL_SIGN_INS_PER_MINUTE
+    assert sign_in_from(app, "198.51.100.1", TOKEN) == 429  # meanwhile, signing in waits for everyone
+    app.stop()
+    warnings = [line for line in app.logs().splitlines() if "WARNING" in line and "sign-in token" in line]
+    assert 1 <= len(warnings) <= 10
+
+
+def test_a_window_in_one_process_keeps_a_bounded_number_of_keys(mode):
+    if mode != "single":
+        pytest.skip("with replicas the windows are Redis keys that expire")
+    window = LocalWindow(limit=5, max_keys=100)
+
+    async def scenario() -> list[tuple[float, str | None]]:
+        for i in range(10_000):
+            await window.take(f"2001:db8:{i:x}::/64")
+        return [await window.take("2001:db8:270f::/64") for _ in range(5)]
+
+    latest = asyncio.run(scenario())
+    assert len(window) == 100
+    assert [event is not None for _, event in latest] == [True] * 4 + [False]  # the recent ones still count

@@ -1,5 +1,5 @@
-"""Per-user limits: replies streaming at once, open sockets, messages and new conversations a minute;
-and failed sign-ins per client address. A limit of 0 is off.
+"""Per-user limits: replies streaming at once, open sockets, messages, new conversations, hellos
+and changes a minute; and failed sign-ins, per client address and in all. A limit of 0 is off.
 
 The rules are here; the counting is done by a `Counters` kind: in this process (`LocalCounters`), or
 in Redis with replicas (`utils/redis_limits.py`), so that a user's limits hold across replicas.
@@ -8,8 +8,9 @@ pass the check before any of them is counted. A message is taken with the conver
 when there are replicas.
 """
 
+import ipaddress
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -18,7 +19,12 @@ from utils.settings import Settings
 
 MINUTE = 60.0
 RUNNING_RETRY_SECONDS = 5.0  # a reply's end cannot be foreseen: a short wait to suggest
-SIGN_INS_PER_MINUTE = 5
+SIGN_INS_PER_MINUTE = 5  # wrong tokens a minute from one client address (an IPv6 /64 is one address)
+# Wrong tokens a minute from every address together: thousands of addresses (an IPv6 block is cheap)
+# get no more guesses than this between them. While it is reached, signing in waits for everyone.
+ALL_SIGN_INS_PER_MINUTE = 50
+ALL = "*"  # the key of that overall count
+MAX_KEYS = 10_000  # keys one window of this process keeps; the least recently counted go first
 
 
 RUNNING, MESSAGES, LEASE = "running", "messages", "lease"  # why a message was refused
@@ -95,10 +101,14 @@ class Counters(Protocol):
 
 
 class LocalWindow:
-    def __init__(self, limit: int, period: float = MINUTE) -> None:
+    """A window in this process. It keeps at most `max_keys` keys: past that, the key counted least
+    recently is forgotten (a client that sends from ever new addresses cannot grow it without end)."""
+
+    def __init__(self, limit: int, period: float = MINUTE, max_keys: int = MAX_KEYS) -> None:
         self.limit = limit
         self.period = period
-        self._events: dict[str, deque[float]] = {}
+        self.max_keys = max_keys
+        self._events: OrderedDict[str, deque[float]] = OrderedDict()
 
     def _wait(self, key: str, now: float) -> float:
         if not (events := self._events.get(key)):
@@ -118,6 +128,9 @@ class LocalWindow:
         if wait := self._wait(key, now):
             return wait, None
         self._events.setdefault(key, deque()).append(now)
+        self._events.move_to_end(key)
+        while len(self._events) > self.max_keys:
+            self._events.popitem(last=False)
         return 0.0, repr(now)
 
     async def forget(self, key: str, event: str) -> None:
@@ -125,6 +138,9 @@ class LocalWindow:
             events.remove(float(event))
             if not events:
                 del self._events[key]
+
+    def __len__(self) -> int:
+        return len(self._events)
 
 
 class LocalGauge:
@@ -187,10 +203,24 @@ class LocalCounters:
 
 @dataclass(frozen=True)
 class SignInAttempt:
-    """A sign-in let through the limit, counted as failed until it turns out right (`succeeded`)."""
+    """A sign-in let through the limits, counted as failed until it turns out right (`succeeded`)."""
 
-    address: str
-    event: str
+    address: str  # the address group it was counted under
+    events: tuple[str, str]  # its events in the per-address and the overall windows
+
+
+def address_group(address: str) -> str:
+    """The key a client address is limited under: an IPv6 address by its /64 (one subscriber gets a
+    whole /64, and picks any address in it), an IPv4-mapped one as the IPv4 address it is."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 class Limits:
@@ -201,6 +231,7 @@ class Limits:
         self._sockets = counters.gauge("sockets", settings.limit_sockets)
         self._conversations = counters.window("conversations", settings.limit_conversations_per_minute)
         self._failed_sign_ins = counters.window("sign-ins", SIGN_INS_PER_MINUTE)
+        self._all_failed_sign_ins = counters.window("all-sign-ins", ALL_SIGN_INS_PER_MINUTE)
 
     async def take_message(self, user: str, lease: Lease | None = None) -> Taken:
         """Let a message (or regenerate, or edit) through and count it, taking `lease` with it; or
@@ -245,10 +276,18 @@ class Limits:
 
     async def take_sign_in(self, address: str) -> SignInAttempt | float:
         """Count a sign-in attempt as failed before its token is checked (attempts sent together cannot
-        all pass the check); or the seconds to wait if the address's window is full. An attempt whose
-        token is right is uncounted (`succeeded`)."""
-        wait, event = await self._failed_sign_ins.take(address)
-        return wait if event is None else SignInAttempt(address, event)
+        all pass the check), under its address and in all; or the seconds to wait if either window is
+        full. An attempt whose token is right is uncounted (`succeeded`)."""
+        group = address_group(address)
+        wait, mine = await self._failed_sign_ins.take(group)
+        if mine is None:
+            return wait
+        wait, everyone = await self._all_failed_sign_ins.take(ALL)
+        if everyone is None:
+            await self._failed_sign_ins.forget(group, mine)
+            return wait
+        return SignInAttempt(group, (mine, everyone))
 
     async def succeeded(self, attempt: SignInAttempt) -> None:
-        await self._failed_sign_ins.forget(attempt.address, attempt.event)
+        await self._failed_sign_ins.forget(attempt.address, attempt.events[0])
+        await self._all_failed_sign_ins.forget(ALL, attempt.events[1])
