@@ -111,9 +111,18 @@ class ConversationChanges(BaseModel):
     system_prompt: Annotated[str, StringConstraints(strict=True, max_length=20_000), Unicode] | None = None
 
 
+async def count_change(request: Request) -> None:
+    """Count a change of a conversation against the user's limit (unknown ids too), or answer 429."""
+    try:
+        await chat_state(request.app).limits.take_change(user_of(request))
+    except protocol.RateLimited as limited:
+        raise HTTPException(429, limited.message, {"Retry-After": str(limited.retry_after)}) from None
+
+
 @router.patch("/api/conversations/{conversation_id}")
 async def change_conversation(request: Request, conversation_id: str, changes: ConversationChanges) -> dict[str, Any]:
     """Rename, or change the model or system prompt of later turns; attached sockets are told."""
+    await count_change(request)
     state = chat_state(request.app)
     async with borrowed(request, conversation_id) as conversation:
         record = conversation.record
@@ -130,6 +139,7 @@ async def change_conversation(request: Request, conversation_id: str, changes: C
 @router.delete("/api/conversations/{conversation_id}", status_code=204)
 async def delete_conversation(request: Request, conversation_id: str) -> None:
     """Delete a conversation: its running turn is stopped, then its sockets are told."""
+    await count_change(request)
     state = chat_state(request.app)
     async with borrowed(request, conversation_id) as conversation:
         conversation.deleting = True  # from now on no turn starts here and no socket opens it

@@ -103,6 +103,38 @@ def test_over_the_conversations_a_minute_limit_a_new_chat_is_refused_and_an_old_
     assert client.hello(first)["session_id"] == first
 
 
+def test_over_the_hellos_a_minute_limit_a_hello_is_refused_even_for_an_unknown_id(start_app):
+    app = start_app("--limit-hellos-per-minute", "4")
+    client = app.client()
+    first = client.hello()["session_id"]
+    assert client.hello(first)["session_id"] == first
+    client.send("hello", session_id="no-such-id")  # answered unknown_session, and counted
+    assert client.recv()["code"] == "unknown_session"
+    client.send("hello", session_id="no-such-id-either")
+    assert client.recv()["code"] == "unknown_session"
+    client.send("hello", session_id=first)
+    error = refused([client.recv()])
+    assert 50 <= error["retry_after"] <= 60 and "opened 4 conversations" in error["message"]
+    late = app.client()
+    late.send("message", content="a message before any hello is a hello too")
+    assert refused([late.recv()])["code"] == "rate_limited"
+    client.send("stop")  # the socket stays open, on the conversation it had
+    assert client.turn("still here")[-1]["status"] == "complete"
+
+
+def test_over_the_changes_a_minute_limit_a_change_gets_429_and_changes_nothing(start_app):
+    app = start_app("--limit-changes-per-minute", "2")
+    session = app.client().hello()["session_id"]
+    path = f"/api/conversations/{session}"
+    assert call(app, "PATCH", path, {"title": "one"}).status == 200
+    assert call(app, "DELETE", "/api/conversations/no-such-id").status == 404  # counted too
+    for method, body in (("PATCH", {"title": "two"}), ("DELETE", None)):
+        answer = call(app, method, path, body)
+        assert answer.status == 429 and 50 <= int(answer.headers["retry-after"]) <= 60
+        assert "changed conversations 2 times" in answer.json()["detail"]
+    assert call(app, "GET", path).json()["title"] == "one"
+
+
 def test_over_the_sockets_limit_the_new_socket_is_told_and_closed_and_the_others_work(start_app):
     app = start_app("--limit-sockets", "2")
     open_ones = [app.client(), app.client()]

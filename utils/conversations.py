@@ -86,22 +86,42 @@ class Conversation:
         self.turn: Turn | None = None
         self.borrowers = 0  # HTTP requests using it now
         self.deleting = False  # a DELETE is under way: no new turn, no new socket
+        self._encoded_history: tuple[list[tuple[Any, ...]], str] | None = None  # see `history_json`
 
     @property
     def id(self) -> str:
         return self.record.id
 
-    def ready_frame(self, provider: dict[str, Any]) -> tuple[dict[str, Any], TurnLog | None, int]:
-        """The `ready` frame, and the log and seq to follow after, so that nothing is lost or repeated."""
+    def ready_frame(self, provider: dict[str, Any]) -> tuple[str, TurnLog | None, int]:
+        """The `ready` frame, encoded, and the log and seq to follow after, so that nothing is lost or
+        repeated."""
         turn = self.turn
         running = {**turn.log.snapshot(), "message_id": turn.reply.id} if turn else None
         # The running turn's reply reaches the client as `running`, never also as history.
-        history = [m.to_wire() for m in self.history if turn is None or m is not turn.reply]
+        history = self.history_json(turn.reply if turn else None)
         record = self.record
-        frame = protocol.ready(self.id, record.title, record.model, record.system_prompt, history, running, provider)
+        text = protocol.ready_text(
+            self.id, record.title, record.model, record.system_prompt, history, running, provider
+        )
         if turn is None or running is None:
-            return frame, None, 0
-        return frame, turn.log, running["seq"]
+            return text, None, 0
+        return text, turn.log, running["seq"]
+
+    def history_json(self, leave_out: Message | None = None) -> str:
+        """The history as `ready` sends it, encoded once per change of it: a hello again for an unchanged
+        conversation (a reconnect, a second tab, a client that says hello over and over) reuses the
+        text rather than encoding megabytes again."""
+        messages = [m for m in self.history if m is not leave_out]
+        # What each message's wire form is made of. Messages have their fields replaced, never changed
+        # in place (a reply's text and meta are set anew when it ends), so comparing by identity tells
+        # whether any of them changed; a new list of the same messages is the same history.
+        parts = [(m, m.id, m.role, m.content, m.status, m.reasoning, m.error, m.meta) for m in messages]
+        cached = self._encoded_history
+        if cached is not None and len(cached[0]) == len(parts) and all(map(_same, cached[0], parts)):
+            return cached[1]
+        text = protocol.encode([m.to_wire() for m in messages])
+        self._encoded_history = (parts, text)
+        return text
 
     def _begin(self, user_message: Message, replaced: list[Message], ids: "TurnIds") -> Turn:
         if self.deleting:
@@ -165,6 +185,10 @@ class Conversation:
         """Queue a frame for every attached socket; a slow socket holds up nobody."""
         for subscriber in list(self.subscribers):
             subscriber.send(frame)
+
+
+def _same(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
+    return all(a is b for a, b in zip(old, new, strict=True))
 
 
 class Coordinator(Protocol):

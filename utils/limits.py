@@ -230,6 +230,8 @@ class Limits:
         self._messages = counters.messages(self._running_limit, self._messages_limit)
         self._sockets = counters.gauge("sockets", settings.limit_sockets)
         self._conversations = counters.window("conversations", settings.limit_conversations_per_minute)
+        self._hellos = counters.window("hellos", settings.limit_hellos_per_minute)
+        self._changes = counters.window("changes", settings.limit_changes_per_minute)
         self._failed_sign_ins = counters.window("sign-ins", SIGN_INS_PER_MINUTE)
         self._all_failed_sign_ins = counters.window("all-sign-ins", ALL_SIGN_INS_PER_MINUTE)
 
@@ -262,6 +264,20 @@ class Limits:
         if event is None:
             raise RateLimited(
                 f"You started {self._conversations.limit} conversations in the last minute; wait a moment.", wait
+            )
+
+    async def take_hello(self, user: str) -> None:
+        """Count a hello (a conversation opened on a socket, known or not), or refuse it."""
+        wait, event = await self._hellos.take(user)
+        if event is None:
+            raise RateLimited(f"You opened {self._hellos.limit} conversations in the last minute; wait a moment.", wait)
+
+    async def take_change(self, user: str) -> None:
+        """Count a change of a conversation (a rename, a new model or system prompt, a delete), or refuse it."""
+        wait, event = await self._changes.take(user)
+        if event is None:
+            raise RateLimited(
+                f"You changed conversations {self._changes.limit} times in the last minute; wait a moment.", wait
             )
 
     async def take_socket(self, user: str) -> None:

@@ -166,6 +166,17 @@ class Settings(BaseSettings):
     limit_conversations_per_minute: int = Field(
         30, ge=0, description="New conversations one user may start a minute (0: no limit)."
     )
+    limit_hellos_per_minute: int = Field(
+        300,
+        ge=0,
+        description="Hellos one user may send a minute: each opens a conversation on a socket, an existing "
+        "one or a new one (0: no limit).",
+    )
+    limit_changes_per_minute: int = Field(
+        120,
+        ge=0,
+        description="Renames, model or system prompt changes and deletes one user may make a minute (0: no limit).",
+    )
 
     @classmethod
     def settings_customise_sources(
