@@ -28,6 +28,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from pages import render_page
 from utils.limits import Limits, SignInAttempt
 from utils.settings import Settings
+from utils.sqlite_store import token_hash
 from utils.store import Store
 
 logger = logging.getLogger("pocketchat")
@@ -41,6 +42,7 @@ UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 SIGNED_OUT = 4401  # the WebSocket close code for "sign in first"; the page shows the sign-in page
 SESSION_CACHE_SECONDS = 5.0  # a session checked this recently is not read again (revocation: see AppState)
 MAX_USER_LENGTH = 256
+ACCESS_TOKEN_HASH = "access_token_hash"  # the name the database keeps a generated token's hash under
 
 
 @dataclass
@@ -91,9 +93,15 @@ class SignIn:
         self.wrong_tokens = ThrottledWarning("a wrong sign-in token from %s")
 
     async def start(self) -> None:
-        """Load (or make, on first start) the key that signs session cookies and the access token."""
+        """Load (or make, on first start) the key that signs session cookies, and the access token."""
         self._key = (await self.store.secret("session_key", lambda: secrets.token_urlsafe(32))).encode()
-        self.token = await access_token(self.settings, self.store) if self.mode == "token" else None
+        fixed = self.settings.token
+        self._fixed_token = fixed.get_secret_value() if fixed is not None else None
+        # The token to show in the sign-in link now: --token, or one made at this first start (the
+        # database keeps only its hash, so a token made earlier cannot be shown: --login-link makes another).
+        self.token: str | None = None
+        if self.mode == "token":
+            self.token = self._fixed_token or await first_access_token(self.store)
 
     # ---- who is asking ---------------------------------------------------------------------------
 
@@ -161,9 +169,14 @@ class SignIn:
 
     # ---- signing in ----------------------------------------------------------------------------
 
-    def token_matches(self, token: str) -> bool:
-        # Compared in constant time, as bytes: a wrong guess tells nothing of how close it came.
-        return self.token is not None and hmac.compare_digest(token.encode(), self.token.encode())
+    async def token_matches(self, token: str) -> bool:
+        """Whether `token` is --token, or the one whose hash the database keeps (read each time: another
+        process may have made a new one with --login-link). Compared in constant time, as bytes: a wrong
+        guess tells nothing of how close it came."""
+        if self._fixed_token is not None:
+            return hmac.compare_digest(token.encode(), self._fixed_token.encode())
+        kept = await self.store.read_secret(ACCESS_TOKEN_HASH)
+        return kept is not None and hmac.compare_digest(token_hash(token).encode(), kept.encode())
 
     async def new_session(self) -> str:
         """A new session for the local user; the signed cookie value that carries it."""
@@ -183,11 +196,19 @@ class SignIn:
         return session_id if hmac.compare_digest(signature, self._signature(session_id)) else None
 
 
-async def access_token(settings: Settings, store: Store) -> str:
-    """--token, or the token made on first start and kept in the database (192 random bits)."""
-    if settings.token is not None:
-        return settings.token.get_secret_value()
-    return await store.secret("access_token", lambda: secrets.token_urlsafe(24))
+async def first_access_token(store: Store) -> str | None:
+    """On first start, a new access token (192 random bits), of which the database keeps the hash; None
+    if the database has one already (another replica may have made it a moment ago)."""
+    token = secrets.token_urlsafe(24)
+    kept = await store.secret(ACCESS_TOKEN_HASH, lambda: token_hash(token))
+    return token if kept == token_hash(token) else None
+
+
+async def new_access_token(store: Store) -> str:
+    """A new access token, replacing the one before (`--login-link`): the database keeps its hash."""
+    token = secrets.token_urlsafe(24)
+    await store.set_secret(ACCESS_TOKEN_HASH, token_hash(token))
+    return token
 
 
 def _forwarded_https(headers: Headers) -> bool:
@@ -335,7 +356,7 @@ async def _sign_in(request: Request, token: str, failed: Response) -> Response:
         seconds = str(max(1, math.ceil(attempt)))
         error = f"Too many wrong tokens: try again in {seconds} s."
         return login_page(request, 429, error, **{"Retry-After": seconds})
-    if not sign_in.token_matches(token):
+    if not await sign_in.token_matches(token):
         sign_in.wrong_tokens.warn(visitor.address)
         return failed
     await sign_in.limits.succeeded(attempt)

@@ -2,7 +2,7 @@
 (`api.py`) and the `/ws` WebSocket (`chat_socket.py`), whose turns run the flow (`turns.py`).
 
 Run it with `python main.py` (see `python main.py --help` for every setting). Two commands work on the
-database instead: `python main.py --login-link` prints the sign-in link of `--auth token`, and
+database instead: `python main.py --login-link` makes a new sign-in link for `--auth token`, and
 `python main.py --revoke-sessions` signs every browser out.
 """
 
@@ -136,13 +136,15 @@ def sign_in_link(settings: Settings, token: str) -> str:
 
 
 def announce_sign_in(settings: Settings, token: str | None) -> None:
-    """Show the sign-in link once, on the console only: a log collected elsewhere never holds the token."""
-    if token is None:
+    """Show the sign-in link, on the console only: a log collected elsewhere never holds the token. A
+    token made on an earlier start cannot be shown (the database keeps its hash): --login-link makes
+    a new one."""
+    if settings.auth_mode != "token":
         return
-    if sys.stderr.isatty():
+    if token is not None and sys.stderr.isatty():
         print(f"\n    Sign in to PocketChat: {sign_in_link(settings, token)}\n", file=sys.stderr, flush=True)
     else:
-        logger.info("sign-in is on (--auth token); `python main.py --login-link` prints the sign-in link")
+        logger.info("sign-in is on (--auth token); `python main.py --login-link` makes a new sign-in link")
 
 
 async def run_command(command: str, settings: Settings) -> None:
@@ -151,7 +153,12 @@ async def run_command(command: str, settings: Settings) -> None:
     await store.open(sweep_streaming=False)
     try:
         if command == "--login-link":
-            print(sign_in_link(settings, await auth.access_token(settings, store)))
+            if settings.token is not None:
+                token = settings.token.get_secret_value()
+            else:
+                token = await auth.new_access_token(store)
+                print("A new access token: the link before this one no longer signs in.", file=sys.stderr)
+            print(sign_in_link(settings, token))
         else:
             revoked = await store.revoke_sessions()
             print(f"Revoked {revoked} sessions: every browser must sign in again (open sockets close within seconds).")

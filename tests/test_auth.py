@@ -204,25 +204,6 @@ def test_revoke_sessions_from_the_command_line_signs_every_browser_out(token_app
     wait_for(lambda: call(token_app, "GET", "/api/conversations", Cookie=cookie).status == 401)
 
 
-def test_a_generated_token_is_kept_across_restarts_and_printed_by_the_login_link_command(start_app):
-    app = start_app("--auth", "token")
-
-    def link() -> str:
-        command = [sys.executable, str(ROOT / "main.py"), "--login-link", "--db-path", str(app.db_path)]
-        command += ["--port", str(app.port)]
-        return subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-
-    first = link()
-    assert first.startswith(f"http://127.0.0.1:{app.port}/login?token=")
-    token = first.rpartition("=")[2]
-    assert len(token) >= 32  # 192 random bits, base64url
-    assert sign_in(app, token)[0].status == 303
-    app.stop()
-    assert token not in app.logs() and "--login-link" in app.logs()
-    app.start()
-    assert link() == first and sign_in(app, token)[0].status == 303
-
-
 def test_behind_a_trusted_proxy_over_https_the_cookie_is_secure(token_app):
     answer, _ = sign_in_through_proxy(token_app)
     assert "secure" in answer.headers["set-cookie"].lower()
@@ -489,6 +470,6 @@ def test_a_database_of_the_first_release_is_upgraded_and_its_conversations_go_to
     finally:
         app.kill()
     with sqlite3.connect(app.db_path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
         assert db.execute("SELECT owner FROM conversations").fetchall() == [("local",)]
         assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == 4
