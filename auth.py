@@ -123,8 +123,8 @@ class SignIn:
         )
         if self.mode == "none":
             visitor.user = LOCAL_USER
-        elif self.mode == "header" and from_proxy:
-            visitor.user = self._proxy_user(headers)
+        elif self.mode == "header":
+            visitor.user = self._proxy_user(headers) if from_proxy else None
         elif (cookie := _cookie(headers, SESSION_COOKIE)) and (session_id := self._unsign(cookie)):
             visitor.user, visitor.session_id = await self._session_user(session_id), session_id
         return visitor

@@ -367,6 +367,14 @@ def test_in_header_mode_the_header_is_believed_only_from_a_trusted_proxy(start_a
         connect(app.ws_url, additional_headers=as_user("alice"), open_timeout=10)
 
 
+def test_in_header_mode_a_session_cookie_of_an_earlier_token_mode_signs_nobody_in(start_app):
+    token_app = start_app("--auth", "token", "--token", TOKEN)
+    _, cookie = sign_in(token_app)
+    token_app.stop()
+    app = start_app("--auth", "header", "--trusted-proxies", "192.0.2.1")  # the same database
+    assert call(app, "GET", "/api/conversations", Cookie=cookie).status == 403
+
+
 def test_in_header_mode_the_page_names_the_user_and_the_log_does_not(header_app):
     page = call(header_app, "GET", "/", **as_user("carol-the-user"))
     assert page.status == 200 and b"carol-the-user" in page.body
