@@ -52,15 +52,15 @@ async def metrics(request: Request) -> Response:
 @router.get("/healthz")
 async def healthz(request: Request) -> JSONResponse:
     """Ready: 200 while the app can serve; 503 while the database refuses writes (they are kept
-    meanwhile) or, with replicas, Redis cannot be reached."""
+    meanwhile) or, with replicas, Redis cannot be reached. Anyone may ask (load balancers do), so it
+    says which part fails and nothing of why: the reasons are in the log, where the part logs them."""
     state = chat_state(request.app)
     parts = {"store": state.store.failure}
     if state.settings.clustered:
         parts["redis"] = state.coordinator.failure
-    body: dict[str, Any] = {name: "ok" if failure is None else f"failing: {failure}" for name, failure in parts.items()}
     ready = all(failure is None for failure in parts.values())
-    body = {"status": "ok" if ready else "failing", **body}
-    body |= {"provider": state.provider.kind, "running_turns": len(state.hub.running_turns)}
+    body = {"status": "ok" if ready else "failing"}
+    body |= {name: "ok" if failure is None else "failing" for name, failure in parts.items()}
     return JSONResponse(body, status_code=200 if ready else 503)
 
 
@@ -111,9 +111,18 @@ class ConversationChanges(BaseModel):
     system_prompt: Annotated[str, StringConstraints(strict=True, max_length=20_000), Unicode] | None = None
 
 
+async def count_change(request: Request) -> None:
+    """Count a change of a conversation against the user's limit (unknown ids too), or answer 429."""
+    try:
+        await chat_state(request.app).limits.take_change(user_of(request))
+    except protocol.RateLimited as limited:
+        raise HTTPException(429, limited.message, {"Retry-After": str(limited.retry_after)}) from None
+
+
 @router.patch("/api/conversations/{conversation_id}")
 async def change_conversation(request: Request, conversation_id: str, changes: ConversationChanges) -> dict[str, Any]:
     """Rename, or change the model or system prompt of later turns; attached sockets are told."""
+    await count_change(request)
     state = chat_state(request.app)
     async with borrowed(request, conversation_id) as conversation:
         record = conversation.record
@@ -130,6 +139,7 @@ async def change_conversation(request: Request, conversation_id: str, changes: C
 @router.delete("/api/conversations/{conversation_id}", status_code=204)
 async def delete_conversation(request: Request, conversation_id: str) -> None:
     """Delete a conversation: its running turn is stopped, then its sockets are told."""
+    await count_change(request)
     state = chat_state(request.app)
     async with borrowed(request, conversation_id) as conversation:
         conversation.deleting = True  # from now on no turn starts here and no socket opens it

@@ -14,10 +14,11 @@ import hmac
 import ipaddress
 import logging
 import math
+import re
 import secrets
 import time
 from dataclasses import dataclass
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote_plus, urlsplit
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -25,8 +26,9 @@ from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pages import render_page
-from utils.limits import Limits
+from utils.limits import Limits, SignInAttempt
 from utils.settings import Settings
+from utils.sqlite_store import token_hash
 from utils.store import Store
 
 logger = logging.getLogger("pocketchat")
@@ -40,6 +42,7 @@ UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 SIGNED_OUT = 4401  # the WebSocket close code for "sign in first"; the page shows the sign-in page
 SESSION_CACHE_SECONDS = 5.0  # a session checked this recently is not read again (revocation: see AppState)
 MAX_USER_LENGTH = 256
+ACCESS_TOKEN_HASH = "access_token_hash"  # the name the database keeps a generated token's hash under
 
 
 @dataclass
@@ -52,6 +55,31 @@ class Visitor:
     session_id: str | None = None
 
 
+class ThrottledWarning:
+    """A warning logged at most `per_minute` times a minute: thousands of wrong tokens are thousands of
+    log lines otherwise. Those held back are counted, and the count said when the next minute starts."""
+
+    def __init__(self, message: str, per_minute: int = 10) -> None:
+        self.message = message
+        self.per_minute = per_minute
+        self._minute_began = -math.inf
+        self._logged = self._held = 0
+
+    def warn(self, *args: object) -> None:
+        now = time.monotonic()
+        if now - self._minute_began >= 60:
+            if self._held:
+                logger.warning("%d more like the above in that minute, not logged one by one", self._held)
+            self._minute_began, self._logged, self._held = now, 0, 0
+        if self._logged < self.per_minute:
+            self._logged += 1
+            logger.warning(self.message, *args)
+            if self._logged == self.per_minute:
+                logger.warning("more of these this minute are counted, not logged one by one")
+        else:
+            self._held += 1
+
+
 class SignIn:
     """Checks tokens, proxy headers and session cookies; keeps the secrets they need."""
 
@@ -62,11 +90,18 @@ class SignIn:
         self.limits = limits
         self.proxies = [ipaddress.ip_network(network) for network in settings.trusted_proxies]
         self._checked: dict[str, tuple[str, float]] = {}  # session id: (user, when)
+        self.wrong_tokens = ThrottledWarning("a wrong sign-in token from %s")
 
     async def start(self) -> None:
-        """Load (or make, on first start) the key that signs session cookies and the access token."""
+        """Load (or make, on first start) the key that signs session cookies, and the access token."""
         self._key = (await self.store.secret("session_key", lambda: secrets.token_urlsafe(32))).encode()
-        self.token = await access_token(self.settings, self.store) if self.mode == "token" else None
+        fixed = self.settings.token
+        self._fixed_token = fixed.get_secret_value() if fixed is not None else None
+        # The token to show in the sign-in link now: --token, or one made at this first start (the
+        # database keeps only its hash, so a token made earlier cannot be shown: --login-link makes another).
+        self.token: str | None = None
+        if self.mode == "token":
+            self.token = self._fixed_token or await first_access_token(self.store)
 
     # ---- who is asking ---------------------------------------------------------------------------
 
@@ -84,16 +119,30 @@ class SignIn:
         visitor = Visitor(
             user=None,
             address=self._client_address(peer, headers) if from_proxy else peer,
-            https=scope["scheme"] in ("https", "wss") or (from_proxy and headers.get("x-forwarded-proto") == "https"),
+            https=scope["scheme"] in ("https", "wss") or (from_proxy and _forwarded_https(headers)),
         )
         if self.mode == "none":
             visitor.user = LOCAL_USER
         elif self.mode == "header":
-            name = headers.get(self.settings.auth_header, "").strip() if from_proxy else ""
-            visitor.user = name if 0 < len(name) <= MAX_USER_LENGTH else None
+            visitor.user = self._proxy_user(headers) if from_proxy else None
         elif (cookie := _cookie(headers, SESSION_COOKIE)) and (session_id := self._unsign(cookie)):
             visitor.user, visitor.session_id = await self._session_user(session_id), session_id
         return visitor
+
+    def _proxy_user(self, headers: Headers) -> str | None:
+        """The one user the proxy names. Two names (two headers, or a list in one) mean the proxy added
+        its header to one the browser sent rather than replacing it: whichever came first, the browser
+        may have chosen it, so nobody is signed in."""
+        values = headers.getlist(self.settings.auth_header)
+        if len(values) > 1 or any("," in value for value in values):
+            logger.warning(
+                "refused a request whose %s names more than one user: the proxy must replace that "
+                "header, never add to it",
+                self.settings.auth_header,
+            )
+            return None
+        name = values[0].strip() if values else ""
+        return name if 0 < len(name) <= MAX_USER_LENGTH else None
 
     def _client_address(self, peer: str, headers: Headers) -> str:
         """The address the proxies say the request came from: the last one in X-Forwarded-For that is
@@ -120,9 +169,14 @@ class SignIn:
 
     # ---- signing in ----------------------------------------------------------------------------
 
-    def token_matches(self, token: str) -> bool:
-        # Compared in constant time, as bytes: a wrong guess tells nothing of how close it came.
-        return self.token is not None and hmac.compare_digest(token.encode(), self.token.encode())
+    async def token_matches(self, token: str) -> bool:
+        """Whether `token` is --token, or the one whose hash the database keeps (read each time: another
+        process may have made a new one with --login-link). Compared in constant time, as bytes: a wrong
+        guess tells nothing of how close it came."""
+        if self._fixed_token is not None:
+            return hmac.compare_digest(token.encode(), self._fixed_token.encode())
+        kept = await self.store.read_secret(ACCESS_TOKEN_HASH)
+        return kept is not None and hmac.compare_digest(token_hash(token).encode(), kept.encode())
 
     async def new_session(self) -> str:
         """A new session for the local user; the signed cookie value that carries it."""
@@ -134,15 +188,43 @@ class SignIn:
         return hmac.new(self._key, session_id.encode(), hashlib.sha256).hexdigest()
 
     def _unsign(self, cookie: str) -> str | None:
+        """The session id a cookie carries, if its signature is ours. A cookie that is not even ASCII
+        (any service on this host can plant one: cookies ignore ports) is no session, like a missing one."""
+        if not cookie.isascii():
+            return None
         session_id, _, signature = cookie.partition(".")
         return session_id if hmac.compare_digest(signature, self._signature(session_id)) else None
 
 
-async def access_token(settings: Settings, store: Store) -> str:
-    """--token, or the token made on first start and kept in the database (192 random bits)."""
-    if settings.token is not None:
-        return settings.token.get_secret_value()
-    return await store.secret("access_token", lambda: secrets.token_urlsafe(24))
+async def first_access_token(store: Store) -> str | None:
+    """On first start, a new access token (192 random bits), of which the database keeps the hash; None
+    if the database has one already (another replica may have made it a moment ago)."""
+    token = secrets.token_urlsafe(24)
+    kept = await store.secret(ACCESS_TOKEN_HASH, lambda: token_hash(token))
+    return token if kept == token_hash(token) else None
+
+
+async def new_access_token(store: Store) -> str:
+    """A new access token, replacing the one before (`--login-link`): the database keeps its hash."""
+    token = secrets.token_urlsafe(24)
+    await store.set_secret(ACCESS_TOKEN_HASH, token_hash(token))
+    return token
+
+
+def _forwarded_https(headers: Headers) -> bool:
+    """Whether the browser's own connection was https, as the proxies say: the first hop of
+    X-Forwarded-Proto (`https, http`: TLS ended at the first proxy) or of RFC 7239 Forwarded
+    (`proto=https`), in any case. Read only from a trusted proxy; a browser that forges it only makes
+    its own cookie Secure."""
+    first_proto = headers.get("x-forwarded-proto", "").split(",")[0].strip()
+    if first_proto.lower() == "https":
+        return True
+    first_hop = headers.get("forwarded", "").split(",")[0]
+    for pair in first_hop.split(";"):
+        name, _, value = pair.partition("=")
+        if name.strip().lower() == "proto":
+            return value.strip().strip('"').lower() == "https"
+    return False
 
 
 def _cookie(headers: Headers, name: str) -> str | None:
@@ -153,14 +235,19 @@ def _cookie(headers: Headers, name: str) -> str | None:
     return None
 
 
-def same_origin(headers: Headers, allowed: list[str]) -> bool:
+def same_origin(headers: Headers, allowed: list[str], websocket: bool = False) -> bool:
     """Whether a browser request comes from the page's own origin (or an allowed one); requests
     without Origin do not come from a page of another site."""
     origin = headers.get("origin")
-    if origin is None or origin == "null":
-        # No Origin: not a browser. "null": a browser hid it (the page's Referrer-Policy is no-referrer,
-        # so Chromium sends null for its forms); its fetch metadata still says where the request came from.
-        return headers.get("sec-fetch-site") in (None, "same-origin", "none")
+    if origin is None:
+        return True  # not a browser: browsers send Origin with every WebSocket and every unsafe method
+    if origin == "null":
+        # An opaque origin: a sandboxed iframe, a data: URL, a file, or a page whose Referrer-Policy hid
+        # its origin. Refused unless the operator allows "null" explicitly; but the page's own forms
+        # (its Referrer-Policy is no-referrer, so Chromium sends null for them) are told apart by their
+        # fetch metadata, which no page can forge. WebSocket handshakes carry none: always refused.
+        same_site_form = not websocket and headers.get("sec-fetch-site") == "same-origin"
+        return "null" in allowed or same_site_form
     origin = origin.lower().rstrip("/")
     return urlsplit(origin).netloc == headers.get("host", "").lower() or origin in allowed
 
@@ -222,7 +309,6 @@ async def _close_websocket(receive: Receive, send: Send) -> None:
 # ---- the sign-in and sign-out routes -----------------------------------------------------------
 
 router = APIRouter()
-MAX_FORM_BYTES = 4096
 WRONG_TOKEN = "That token is not right."
 
 
@@ -255,7 +341,7 @@ async def login(request: Request) -> Response:
 
 @router.post("/login", response_model=None)
 async def login_form(request: Request) -> Response:
-    body = (await request.body())[:MAX_FORM_BYTES]
+    body = await request.body()  # a few KiB at most: utils/body_limit.py refuses more while it comes in
     token = parse_qs(body.decode(errors="replace")).get("token", [""])[0].strip()
     return await _sign_in(request, token, login_page(request, 401, WRONG_TOKEN))
 
@@ -263,14 +349,17 @@ async def login_form(request: Request) -> Response:
 async def _sign_in(request: Request, token: str, failed: Response) -> Response:
     sign_in: SignIn = request.app.state.chat.sign_in
     visitor = visitor_of(request)
-    if wait := await sign_in.limits.sign_in_wait(visitor.address):
-        seconds = str(max(1, math.ceil(wait)))
-        error = f"Too many wrong tokens from your address: try again in {seconds} s."
+    # Counted as a wrong token before the token is looked at: attempts sent at once cannot all be checked
+    # before any is counted. A right one is uncounted.
+    attempt = await sign_in.limits.take_sign_in(visitor.address)
+    if not isinstance(attempt, SignInAttempt):
+        seconds = str(max(1, math.ceil(attempt)))
+        error = f"Too many wrong tokens: try again in {seconds} s."
         return login_page(request, 429, error, **{"Retry-After": seconds})
-    if not sign_in.token_matches(token):
-        await sign_in.limits.failed_sign_in(visitor.address)
-        logger.warning("a wrong sign-in token from %s", visitor.address)
+    if not await sign_in.token_matches(token):
+        sign_in.wrong_tokens.warn(visitor.address)
         return failed
+    await sign_in.limits.succeeded(attempt)
     response = RedirectResponse("/", status_code=303)
     # HttpOnly: no script reads it. SameSite=Lax: sent when a link from another site (a bookmark, a
     # mail) is followed, never with another site's requests that change something (those are refused
@@ -297,10 +386,29 @@ async def logout(request: Request) -> Response:
     return response
 
 
-def access_log_without_secrets(path: str) -> str:
-    """A request line's path with any `token=` value hidden."""
-    parts = urlsplit(path)
-    if "token=" not in parts.query:
-        return path
-    query = "&".join("token=[hidden]" if pair.startswith("token=") else pair for pair in parts.query.split("&"))
-    return parts._replace(query=query).geturl()
+def access_log_without_secrets(target: str) -> str:
+    """A request line's path and query with the value of anything that may be a sign-in token hidden.
+
+    Judged on the decoded text, however it is spelt: `%74oken=`, `+token=`, `;` or an encoded `?` as a
+    separator, a key repeated, an encoded `&` inside a value. Any part (between `?`, `&`, `;` and `#`)
+    whose fully decoded text mentions a token, in any case, is hidden whole; its key is kept when it
+    is just `token`, however encoded."""
+    if "token" not in _fully_decoded(target).lower():
+        return target  # nearly every line: one decode, no split
+    pieces = re.split(r"([?&;#])", target)  # the separators kept, to rebuild the line as it came
+    for index in range(0, len(pieces), 2):
+        if "token" in _fully_decoded(pieces[index]).lower():
+            key, equals, _ = pieces[index].partition("=")
+            named = equals and _fully_decoded(key).strip().lower() == "token"
+            pieces[index] = f"{key}=[hidden]" if named else "[hidden]"
+    return "".join(pieces)
+
+
+def _fully_decoded(text: str) -> str:
+    """`text` percent- and plus-decoded until it changes no more (`%2574` is `%74` is `t`)."""
+    for _ in range(5):
+        decoded = unquote_plus(text)
+        if decoded == text:
+            break
+        text = decoded
+    return text

@@ -87,9 +87,12 @@ class Client:
     # ---- what a conversation calls (never waits) ----------------------------------------------
 
     def send(self, frame: dict[str, Any]) -> None:
+        self.send_text(protocol.encode(frame))
+
+    def send_text(self, text: str) -> None:
+        """Queue a frame encoded already."""
         if self._full():
             return
-        text = protocol.encode(frame)
         self._frames.append(text)
         self._queued_bytes += len(text)
         self._queued_frames += 1
@@ -246,6 +249,7 @@ class Client:
 
     async def hello(self, session_id: str | None) -> Conversation:
         state = self.state
+        await state.limits.take_hello(self.user)  # unknown ids too: each costs a lookup
         if session_id:
             conversation = await state.hub.open(session_id, self.user)
         else:
@@ -253,8 +257,8 @@ class Client:
         self._attach(conversation)  # before sharing it: a socket that closes meanwhile lets it go as usual
         if not session_id:
             await state.hub.share(conversation)  # before `ready` tells its id
-        frame, log, after_seq = conversation.ready_frame(self.state.provider.describe())
-        self.send(frame)
+        ready, log, after_seq = conversation.ready_frame(self.state.provider.describe())
+        self.send_text(ready)
         if log is not None:
             self.follow(log, after_seq)
         return conversation
@@ -275,7 +279,7 @@ class Client:
 async def chat_socket(websocket: WebSocket) -> None:
     state = chat_state(websocket.app)
     # Browsers send Origin: only the page's own origin and the configured ones may connect.
-    if not same_origin(websocket.headers, state.settings.allowed_origins):
+    if not same_origin(websocket.headers, state.settings.allowed_origins, websocket=True):
         logger.warning("refused a WebSocket from origin %s", websocket.headers.get("origin"))
         await websocket.close(code=1008)
         return

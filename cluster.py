@@ -118,7 +118,8 @@ class Cluster:
     def __init__(self, settings: Settings, url: str, hub: Hub, store: Store) -> None:
         self.url = url
         self.link = RedisLink(url, settings.redis_prefix, replica=new_id()[:12])
-        self.limits = Limits(settings, RedisCounters(self.link))  # a user's limits hold across replicas
+        self.counters = RedisCounters(self.link)
+        self.limits = Limits(settings, self.counters)  # a user's limits hold across replicas
         self.hub = hub
         self.store = store
         self.failure: str | None = None  # why Redis cannot be reached now
@@ -155,7 +156,8 @@ class Cluster:
         except (RedisError, OSError) as error:
             self.failure = str(error)  # ready says so; the reader keeps trying
             logger.warning("Redis is unreachable at start-up: %s", error)
-        self._tasks = [asyncio.create_task(loop()) for loop in (self._read, self._watch, self._renew)]
+        loops = (self._read, self._watch, self._renew, self.counters.keep_counts)
+        self._tasks = [asyncio.create_task(loop()) for loop in loops]
 
     async def _find_running_turns(self) -> None:
         """Turns that started before this replica did: their leases say where they run."""

@@ -2,7 +2,7 @@
 (`api.py`) and the `/ws` WebSocket (`chat_socket.py`), whose turns run the flow (`turns.py`).
 
 Run it with `python main.py` (see `python main.py --help` for every setting). Two commands work on the
-database instead: `python main.py --login-link` prints the sign-in link of `--auth token`, and
+database instead: `python main.py --login-link` makes a new sign-in link for `--auth token`, and
 `python main.py --revoke-sessions` signs every browser out.
 """
 
@@ -16,18 +16,23 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.responses import Response
+from starlette.types import Scope
 
 import auth
 from api import invalid_request, router
 from chat_socket import chat_socket
 from flow import FLOWS
 from state import AppState
+from utils.body_limit import BodyLimit
 from utils.providers import make_provider
 from utils.settings import Settings
 from utils.store import make_store
@@ -65,17 +70,43 @@ def create_app(settings: Settings) -> FastAPI:
             await state.aclose()
 
     app = FastAPI(title="PocketChat", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
-    # The last added runs first: a request for a host we do not serve is refused before sign-in.
+    # The last added runs first: a request for a host we do not serve is refused before sign-in, and a
+    # body over its limit before anything reads it.
     app.add_middleware(auth.SignInMiddleware)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
+    app.add_middleware(BodyLimit)
     app.include_router(auth.router)
     app.include_router(router)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_api_websocket_route("/ws", chat_socket)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    # The page's libraries, installed from the npm registry by `make` (package-lock.json pins them).
-    app.mount("/vendor", StaticFiles(directory=HERE / "node_modules", check_dir=False), name="vendor")
+    # The page's libraries, installed from the npm registry by `make` (package-lock.json pins them):
+    # only the files the page loads, not the rest of node_modules (package metadata, sources, tools).
+    vendor = VendorFiles(vendor_files(), directory=HERE / "node_modules", check_dir=False)
+    app.mount("/vendor", vendor, name="vendor")
     return app
+
+
+VENDOR_PATH = re.compile(r"/vendor/([\w@.+/-]+)")
+
+
+def vendor_files() -> frozenset[str]:
+    """The paths under /vendor/ that the page names: in its template, its scripts and its styles."""
+    sources = [*HERE.glob("templates/*.html"), *HERE.glob("static/*.js"), *HERE.glob("static/*.css")]
+    return frozenset(path for source in sources for path in VENDOR_PATH.findall(source.read_text()))
+
+
+class VendorFiles(StaticFiles):
+    """StaticFiles that serves only an allow-list of paths; anything else is a 404, as if absent."""
+
+    def __init__(self, allowed: frozenset[str], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.allowed = allowed
+
+    async def get_response(self, path: str, scope: Scope) -> Response:
+        if path not in self.allowed:  # `path` is normalised already: no `..`, no doubled slashes
+            raise HTTPException(status_code=404)
+        return await super().get_response(path, scope)
 
 
 class HideSecretsInAccessLog(logging.Filter):
@@ -95,19 +126,26 @@ CONVERSATION_PATH = re.compile(r"(/api/conversations/)([\w-]{6})[\w-]+")
 
 
 def sign_in_link(settings: Settings, token: str) -> str:
-    host = "127.0.0.1" if settings.host in ("0.0.0.0", "::") else settings.host
+    host = settings.host
+    if host in ("0.0.0.0", "::"):
+        # Bound to every interface: the first name the server answers to (beyond loopback, it answers
+        # only to --allowed-hosts).
+        named = [name for name in settings.allowed_hosts if "*" not in name]
+        host = named[0].strip("[]") if named else "127.0.0.1"
     host = f"[{host}]" if ":" in host else host
     return f"http://{host}:{settings.port}/login?token={token}"
 
 
 def announce_sign_in(settings: Settings, token: str | None) -> None:
-    """Show the sign-in link once, on the console only: a log collected elsewhere never holds the token."""
-    if token is None:
+    """Show the sign-in link, on the console only: a log collected elsewhere never holds the token. A
+    token made on an earlier start cannot be shown (the database keeps its hash): --login-link makes
+    a new one."""
+    if settings.auth_mode != "token":
         return
-    if sys.stderr.isatty():
+    if token is not None and sys.stderr.isatty():
         print(f"\n    Sign in to PocketChat: {sign_in_link(settings, token)}\n", file=sys.stderr, flush=True)
     else:
-        logger.info("sign-in is on (--auth token); `python main.py --login-link` prints the sign-in link")
+        logger.info("sign-in is on (--auth token); `python main.py --login-link` makes a new sign-in link")
 
 
 async def run_command(command: str, settings: Settings) -> None:
@@ -116,7 +154,12 @@ async def run_command(command: str, settings: Settings) -> None:
     await store.open(sweep_streaming=False)
     try:
         if command == "--login-link":
-            print(sign_in_link(settings, await auth.access_token(settings, store)))
+            if settings.token is not None:
+                token = settings.token.get_secret_value()
+            else:
+                token = await auth.new_access_token(store)
+                print("A new access token: the link before this one no longer signs in.", file=sys.stderr)
+            print(sign_in_link(settings, token))
         else:
             revoked = await store.revoke_sessions()
             print(f"Revoked {revoked} sessions: every browser must sign in again (open sockets close within seconds).")

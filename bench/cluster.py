@@ -46,6 +46,7 @@ SETUP_SECONDS = 30  # a hello unanswered this long stops the benchmark, saying w
 HIGH_LIMITS = [
     *("--limit-running-turns", "100000", "--limit-messages-per-minute", "100000"),
     *("--limit-sockets", "100000", "--limit-conversations-per-minute", "100000"),
+    *("--limit-hellos-per-minute", "100000", "--limit-changes-per-minute", "100000"),
 ]
 
 

@@ -34,6 +34,7 @@ API_KEY = "sk-test-SECRET-abcdef0123456789"
 NO_LIMITS = [
     *("--limit-running-turns", "0", "--limit-messages-per-minute", "0"),
     *("--limit-sockets", "0", "--limit-conversations-per-minute", "0"),
+    *("--limit-hellos-per-minute", "0", "--limit-changes-per-minute", "0"),
 ]
 
 

@@ -3,7 +3,8 @@
 import asyncio
 from pathlib import Path
 
-from utils.conversations import Hub
+from utils import protocol
+from utils.conversations import Conversation, Hub
 from utils.messages import ConversationRecord, Message
 from utils.sqlite_store import SqliteStore
 
@@ -41,3 +42,42 @@ def test_a_reply_left_streaming_with_no_turn_running_is_loaded_as_interrupted(tm
         return [(m.status, m.content) for m in conversation.history]
 
     assert asyncio.run(scenario()) == [("complete", "q"), ("interrupted", "half a")]
+
+
+def test_a_hello_again_for_an_unchanged_history_reuses_its_encoding(monkeypatch) -> None:
+    """Each hello encoded the whole history again: two sockets saying hello over and over to a 5 MB
+    conversation slowed every other user. Now the encoding is made once per change of the history."""
+    history = [Message(role="user" if i % 2 == 0 else "assistant", content=f"{i} " + "x" * 5000) for i in range(1000)]
+    conversation = Conversation(ConversationRecord(model="m", system_prompt="s"), history)
+    encoded: list[str] = []
+    to_wire = Message.to_wire
+    monkeypatch.setattr(Message, "to_wire", lambda self: encoded.append(self.id) or to_wire(self))
+    provider = {"kind": "openai"}
+
+    first, _, _ = conversation.ready_frame(provider)
+    assert len(encoded) == 1000 and len(first) > 5_000_000
+    expected = protocol.encode(
+        protocol.ready(conversation.id, None, "m", "s", [to_wire(m) for m in history], None, provider)
+    )
+    assert first == expected  # byte for byte what encoding the whole frame gives
+    encoded.clear()
+    for _ in range(50):
+        again, _, _ = conversation.ready_frame(provider)
+        assert again == first
+    assert encoded == []  # not one message encoded again
+
+    # Any change is seen: a message added, a reply's text or status replaced, the list replaced.
+    changes = [
+        lambda: conversation.history.append(Message(role="user", content="one more")),
+        lambda: setattr(conversation.history[-1], "content", "edited"),
+        lambda: setattr(conversation.history[0], "status", "interrupted"),
+        lambda: setattr(conversation, "history", conversation.history[:-1]),
+    ]
+    for change in changes:
+        change()
+        encoded.clear()
+        text, _, _ = conversation.ready_frame(provider)
+        assert len(encoded) == len(conversation.history)
+        assert text == protocol.encode(
+            protocol.ready(conversation.id, None, "m", "s", [to_wire(m) for m in conversation.history], None, provider)
+        )

@@ -2,6 +2,7 @@
 in another tab), a sign-out forged by a page of another origin, limits shown with their wait, and
 the user's name behind a proxy."""
 
+import html
 import http.server
 import threading
 from collections.abc import Iterator
@@ -67,13 +68,10 @@ def test_a_sign_in_link_signs_in_and_leaves_a_clean_url(browser: Browser, token_
 
 class OtherSite:
     """A page on another origin (another port of the same host: the same site, so the session cookie
-    goes along; only the Origin check stands in the way) that posts a form to the app on load."""
+    goes along; only the Origin check stands in the way), serving `html`."""
 
-    def __init__(self, target: str) -> None:
-        form = (
-            f'<form id="f" method="post" action="{target}"><input name="token" value="x"></form>'
-            "<script>document.getElementById('f').submit()</script>"
-        ).encode()
+    def __init__(self, html: str) -> None:
+        form = html.encode()
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
@@ -94,9 +92,33 @@ class OtherSite:
         self.server.server_close()
 
 
+def posting_a_form_to(target: str) -> str:
+    """A page that posts a form to `target` on load."""
+    return (
+        f'<form id="f" method="post" action="{target}"><input name="token" value="x"></form>'
+        "<script>document.getElementById('f').submit()</script>"
+    )
+
+
+def a_sandboxed_frame_opening(ws_url: str) -> str:
+    """A page whose sandboxed iframe (an opaque origin: its socket says `Origin: null`) opens the app's
+    socket, says hello and sends a message; the frame reports each event to the page's `events`."""
+    frame = (
+        f"<script>const ws = new WebSocket('{ws_url}'); const tell = (what) => parent.postMessage(what, '*');"
+        "ws.onopen = () => { tell('open'); ws.send(JSON.stringify({type: 'hello'}));"
+        " ws.send(JSON.stringify({type: 'message', content: 'sent by another site'})); };"
+        "ws.onmessage = (event) => tell(JSON.parse(event.data).type);"
+        "ws.onclose = (event) => tell('close ' + event.code);</script>"
+    )
+    return (
+        "<script>window.events = []; addEventListener('message', (event) => window.events.push(event.data));</script>"
+        f'<iframe sandbox="allow-scripts" srcdoc="{html.escape(frame)}"></iframe>'
+    )
+
+
 @pytest.fixture
 def other_site(token_app: AppProcess) -> Iterator[OtherSite]:
-    site = OtherSite(token_app.url + "/logout")
+    site = OtherSite(posting_a_form_to(token_app.url + "/logout"))
     yield site
     site.close()
 
@@ -117,6 +139,33 @@ def test_a_sign_out_posted_by_a_page_of_another_origin_is_refused(
     expect(page).to_have_url(token_app.url + "/")
     expect(page.locator("#send")).to_be_enabled()
     context.close()
+
+
+@pytest.mark.parametrize("allowed", [False, True])
+def test_a_sandboxed_frame_on_another_site_cannot_open_the_socket(
+    browser: Browser, start_app, fake: FakeOpenAI, allowed: bool
+):
+    """With no sign-in (loopback), the socket's Origin check is all that keeps another site's page from
+    chatting on the operator's key. A sandboxed frame's `Origin: null` is refused, unless the operator
+    lists `null` (which shows the frame would get through otherwise)."""
+    app = start_app(*(["--allowed-origins", "null"] if allowed else []))
+    site = OtherSite(a_sandboxed_frame_opening(app.ws_url))
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(site.url)
+        settled = "window.events.some((event) => event === 'ready' || event.startsWith('close'))"
+        page.wait_for_function(settled, timeout=15_000)
+        events = page.evaluate("window.events")
+    finally:
+        context.close()
+        site.close()
+    if allowed:
+        assert "ready" in events
+        return
+    assert "ready" not in events and "open" not in events, events
+    assert app.get("/api/conversations") == {"conversations": []}
+    assert fake.chat_requests == []  # no turn ran on the operator's key
 
 
 def test_over_a_limit_the_page_says_how_long_to_wait_and_keeps_the_message(browser: Browser, start_app):

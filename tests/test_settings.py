@@ -49,6 +49,8 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "limit_messages_per_minute": ("50", "60"),
     "limit_sockets": ("7", "8"),
     "limit_conversations_per_minute": ("9", "10"),
+    "limit_hellos_per_minute": ("11", "12"),
+    "limit_changes_per_minute": ("13", "14"),
     "database_url": ("postgresql://one.invalid/db", "postgresql://two.invalid/db"),
     "redis_url": ("redis://one.invalid:6379/0", "redis://two.invalid:6379/0"),
     "drain_timeout": ("5", "6"),
@@ -208,6 +210,15 @@ def test_allowed_origins_are_normalized_as_browsers_send_them(given, normalized)
 def test_an_allowed_origin_that_no_browser_sends_is_refused(given):
     with pytest.raises(ValidationError, match="scheme://host"):
         load("--allowed-origins", given)
+
+
+@pytest.mark.parametrize("given", ["null", "NULL", " Null "])
+def test_the_opaque_origin_null_is_allowed_only_when_listed(given, monkeypatch):
+    assert load().allowed_origins == []
+    assert load("--allowed-origins", given).allowed_origins == ["null"]
+    assert load("--allowed-origins", f"{given},https://a.example").allowed_origins == ["null", "https://a.example"]
+    monkeypatch.setenv("POCKETCHAT_ALLOWED_ORIGINS", given)
+    assert load().allowed_origins == ["null"]
 
 
 def host_status(trusted: list[str], host_header: str) -> int:

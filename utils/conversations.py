@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from utils import protocol
-from utils.messages import ConversationRecord, Message, new_id
+from utils.messages import ConversationRecord, Message, new_id, possible_id
 from utils.protocol import NothingToRegenerate, TurnInProgress, UnknownSession
 from utils.store import Store
 from utils.turn_log import InProcessTurnLog, TurnLog
 
+UNKNOWN = "No conversation has that id; it may have been deleted."
 UNSTORED_KEEP_SECONDS = 600.0
 MAX_UNSTORED = 10_000  # new conversations kept without a socket; the oldest are let go first
 
@@ -87,22 +88,42 @@ class Conversation:
         self.turn: Turn | None = None
         self.borrowers = 0  # HTTP requests using it now
         self.deleting = False  # a DELETE is under way: no new turn, no new socket
+        self._encoded_history: tuple[list[tuple[Any, ...]], str] | None = None  # see `history_json`
 
     @property
     def id(self) -> str:
         return self.record.id
 
-    def ready_frame(self, provider: dict[str, Any]) -> tuple[dict[str, Any], TurnLog | None, int]:
-        """The `ready` frame, and the log and seq to follow after, so that nothing is lost or repeated."""
+    def ready_frame(self, provider: dict[str, Any]) -> tuple[str, TurnLog | None, int]:
+        """The `ready` frame, encoded, and the log and seq to follow after, so that nothing is lost or
+        repeated."""
         turn = self.turn
         running = {**turn.log.snapshot(), "message_id": turn.reply.id} if turn else None
         # The running turn's reply reaches the client as `running`, never also as history.
-        history = [m.to_wire() for m in self.history if turn is None or m is not turn.reply]
+        history = self.history_json(turn.reply if turn else None)
         record = self.record
-        frame = protocol.ready(self.id, record.title, record.model, record.system_prompt, history, running, provider)
+        text = protocol.ready_text(
+            self.id, record.title, record.model, record.system_prompt, history, running, provider
+        )
         if turn is None or running is None:
-            return frame, None, 0
-        return frame, turn.log, running["seq"]
+            return text, None, 0
+        return text, turn.log, running["seq"]
+
+    def history_json(self, leave_out: Message | None = None) -> str:
+        """The history as `ready` sends it, encoded once per change of it: a hello again for an unchanged
+        conversation (a reconnect, a second tab, a client that says hello over and over) reuses the
+        text rather than encoding megabytes again."""
+        messages = [m for m in self.history if m is not leave_out]
+        # What each message's wire form is made of. Messages have their fields replaced, never changed
+        # in place (a reply's text and meta are set anew when it ends), so comparing by identity tells
+        # whether any of them changed; a new list of the same messages is the same history.
+        parts = [(m, m.id, m.role, m.content, m.status, m.reasoning, m.error, m.meta) for m in messages]
+        cached = self._encoded_history
+        if cached is not None and len(cached[0]) == len(parts) and all(map(_same, cached[0], parts)):
+            return cached[1]
+        text = protocol.encode([m.to_wire() for m in messages])
+        self._encoded_history = (parts, text)
+        return text
 
     def _begin(self, user_message: Message, replaced: list[Message], ids: "TurnIds") -> Turn:
         if self.deleting:
@@ -166,6 +187,10 @@ class Conversation:
         """Queue a frame for every attached socket; a slow socket holds up nobody."""
         for subscriber in list(self.subscribers):
             subscriber.send(frame)
+
+
+def _same(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
+    return all(a is b for a, b in zip(old, new, strict=True))
 
 
 class Coordinator(Protocol):
@@ -249,6 +274,8 @@ class Hub:
     async def open(self, conversation_id: str, owner: str) -> Conversation:
         """The conversation, if `owner` owns it. Anyone else is told exactly what they would be told
         for an id that does not exist: nothing says it exists."""
+        if not possible_id(conversation_id):
+            raise UnknownSession(UNKNOWN)
         if (live := self._live.get(conversation_id)) is None:
             # Two sockets opening the same conversation at once must get the same object.
             if (loading := self._loading.get(conversation_id)) is None:
@@ -260,7 +287,7 @@ class Hub:
         if live is None or live.deleting or live.record.owner != owner:
             if live is not None:
                 self.release(live)  # loaded for nobody: not kept
-            raise UnknownSession("No conversation has that id; it may have been deleted.")
+            raise UnknownSession(UNKNOWN)
         return live
 
     async def _load(self, conversation_id: str) -> Conversation | None:

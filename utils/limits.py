@@ -1,14 +1,16 @@
-"""Per-user limits: replies streaming at once, open sockets, messages and new conversations a minute;
-and failed sign-ins per client address. A limit of 0 is off.
+"""Per-user limits: replies streaming at once, open sockets, messages, new conversations, hellos
+and changes a minute; and failed sign-ins, per client address and in all. A limit of 0 is off.
 
 The rules are here; the counting is done by a `Counters` kind: in this process (`LocalCounters`), or
 in Redis with replicas (`utils/redis_limits.py`), so that a user's limits hold across replicas.
-A message is checked and counted in one step (`MessageCounts`), with the conversation's lease when
-there are replicas: messages sent together cannot all pass the check before any of them is counted.
+Every limit is checked and counted in one step (`take`): requests that arrive together cannot all
+pass the check before any of them is counted. A message is taken with the conversation's lease
+when there are replicas.
 """
 
+import ipaddress
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,7 +19,12 @@ from utils.settings import Settings
 
 MINUTE = 60.0
 RUNNING_RETRY_SECONDS = 5.0  # a reply's end cannot be foreseen: a short wait to suggest
-SIGN_INS_PER_MINUTE = 5
+SIGN_INS_PER_MINUTE = 5  # wrong tokens a minute from one client address (an IPv6 /64 is one address)
+# Wrong tokens a minute from every address together: thousands of addresses (an IPv6 block is cheap)
+# get no more guesses than this between them. While it is reached, signing in waits for everyone.
+ALL_SIGN_INS_PER_MINUTE = 50
+ALL = "*"  # the key of that overall count
+MAX_KEYS = 10_000  # keys one window of this process keeps; the least recently counted go first
 
 
 RUNNING, MESSAGES, LEASE = "running", "messages", "lease"  # why a message was refused
@@ -53,11 +60,12 @@ class Window(Protocol):
 
     limit: int
 
-    async def wait(self, key: str) -> float:
-        """Seconds until one more event is allowed (0: now)."""
+    async def take(self, key: str) -> tuple[float, str | None]:
+        """Count an event unless that would pass the limit, in one step: (0, the event's name, for
+        `forget`), or (seconds until one more is allowed, None)."""
 
-    async def count(self, key: str) -> str:
-        """Count an event; its name, for `forget`."""
+    async def forget(self, key: str, event: str) -> None:
+        """Uncount an event."""
 
 
 class Gauge(Protocol):
@@ -65,9 +73,8 @@ class Gauge(Protocol):
 
     limit: int
 
-    async def full(self, key: str) -> bool: ...
-
-    async def add(self, key: str) -> None: ...
+    async def take(self, key: str) -> bool:
+        """Count one more unless the limit is reached, in one step; whether it was counted."""
 
     async def remove(self, key: str) -> None: ...
 
@@ -94,15 +101,18 @@ class Counters(Protocol):
 
 
 class LocalWindow:
-    def __init__(self, limit: int, period: float = MINUTE) -> None:
+    """A window in this process. It keeps at most `max_keys` keys: past that, the key counted least
+    recently is forgotten (a client that sends from ever new addresses cannot grow it without end)."""
+
+    def __init__(self, limit: int, period: float = MINUTE, max_keys: int = MAX_KEYS) -> None:
         self.limit = limit
         self.period = period
-        self._events: dict[str, deque[float]] = {}
+        self.max_keys = max_keys
+        self._events: OrderedDict[str, deque[float]] = OrderedDict()
 
-    async def wait(self, key: str) -> float:
-        if not self.limit or not (events := self._events.get(key)):
+    def _wait(self, key: str, now: float) -> float:
+        if not (events := self._events.get(key)):
             return 0.0
-        now = time.monotonic()
         while events and events[0] <= now - self.period:
             events.popleft()
         if not events:
@@ -110,15 +120,27 @@ class LocalWindow:
             return 0.0
         return events[0] + self.period - now if len(events) >= self.limit else 0.0
 
-    async def count(self, key: str) -> str:
-        at = time.monotonic()
-        if self.limit:
-            self._events.setdefault(key, deque()).append(at)
-        return repr(at)
+    async def take(self, key: str) -> tuple[float, str | None]:
+        # Nothing here awaits: no other request runs between the check and the count.
+        now = time.monotonic()
+        if not self.limit:
+            return 0.0, repr(now)
+        if wait := self._wait(key, now):
+            return wait, None
+        self._events.setdefault(key, deque()).append(now)
+        self._events.move_to_end(key)
+        while len(self._events) > self.max_keys:
+            self._events.popitem(last=False)
+        return 0.0, repr(now)
 
-    def forget(self, key: str, event: str) -> None:
+    async def forget(self, key: str, event: str) -> None:
         if (events := self._events.get(key)) is not None and float(event) in events:
             events.remove(float(event))
+            if not events:
+                del self._events[key]
+
+    def __len__(self) -> int:
+        return len(self._events)
 
 
 class LocalGauge:
@@ -126,11 +148,14 @@ class LocalGauge:
         self.limit = limit
         self._counts: dict[str, int] = {}
 
-    async def full(self, key: str) -> bool:
+    def full(self, key: str) -> bool:
         return bool(self.limit) and self._counts.get(key, 0) >= self.limit
 
-    async def add(self, key: str) -> None:
+    async def take(self, key: str) -> bool:
+        if self.full(key):
+            return False
         self._counts[key] = self._counts.get(key, 0) + 1
+        return True
 
     async def remove(self, key: str) -> None:
         if (left := self._counts.get(key, 0) - 1) > 0:
@@ -147,16 +172,17 @@ class LocalMessages:
     async def take(self, user: str, lease: Lease | None) -> Taken | Refused:
         # Nothing awaited here suspends, so nothing runs between the check and the count. There is
         # no lease in one process: the conversation itself refuses a second turn.
-        if await self.running.full(user):
+        if self.running.full(user):
             return Refused(RUNNING)
-        if wait := await self.messages.wait(user):
+        wait, event = await self.messages.take(user)
+        if event is None:
             return Refused(MESSAGES, wait)
-        await self.running.add(user)
-        return Taken(user, await self.messages.count(user), lease)
+        await self.running.take(user)
+        return Taken(user, event, lease)
 
     async def give_back(self, taken: Taken) -> None:
         await self.running.remove(taken.user)
-        self.messages.forget(taken.user, taken.event)
+        await self.messages.forget(taken.user, taken.event)
 
     async def ended(self, user: str) -> None:
         await self.running.remove(user)
@@ -175,6 +201,28 @@ class LocalCounters:
         return LocalMessages(running_limit, messages_limit)
 
 
+@dataclass(frozen=True)
+class SignInAttempt:
+    """A sign-in let through the limits, counted as failed until it turns out right (`succeeded`)."""
+
+    address: str  # the address group it was counted under
+    events: tuple[str, str]  # its events in the per-address and the overall windows
+
+
+def address_group(address: str) -> str:
+    """The key a client address is limited under: an IPv6 address by its /64 (one subscriber gets a
+    whole /64, and picks any address in it), an IPv4-mapped one as the IPv4 address it is."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
+
+
 class Limits:
     def __init__(self, settings: Settings, counters: Counters) -> None:
         self._running_limit = settings.limit_running_turns
@@ -182,7 +230,10 @@ class Limits:
         self._messages = counters.messages(self._running_limit, self._messages_limit)
         self._sockets = counters.gauge("sockets", settings.limit_sockets)
         self._conversations = counters.window("conversations", settings.limit_conversations_per_minute)
+        self._hellos = counters.window("hellos", settings.limit_hellos_per_minute)
+        self._changes = counters.window("changes", settings.limit_changes_per_minute)
         self._failed_sign_ins = counters.window("sign-ins", SIGN_INS_PER_MINUTE)
+        self._all_failed_sign_ins = counters.window("all-sign-ins", ALL_SIGN_INS_PER_MINUTE)
 
     async def take_message(self, user: str, lease: Lease | None = None) -> Taken:
         """Let a message (or regenerate, or edit) through and count it, taking `lease` with it; or
@@ -209,26 +260,50 @@ class Limits:
 
     async def take_conversation(self, user: str) -> None:
         """Count a new conversation, or refuse it."""
-        if wait := await self._conversations.wait(user):
+        wait, event = await self._conversations.take(user)
+        if event is None:
             raise RateLimited(
                 f"You started {self._conversations.limit} conversations in the last minute; wait a moment.", wait
             )
-        await self._conversations.count(user)
+
+    async def take_hello(self, user: str) -> None:
+        """Count a hello (a conversation opened on a socket, known or not), or refuse it."""
+        wait, event = await self._hellos.take(user)
+        if event is None:
+            raise RateLimited(f"You opened {self._hellos.limit} conversations in the last minute; wait a moment.", wait)
+
+    async def take_change(self, user: str) -> None:
+        """Count a change of a conversation (a rename, a new model or system prompt, a delete), or refuse it."""
+        wait, event = await self._changes.take(user)
+        if event is None:
+            raise RateLimited(
+                f"You changed conversations {self._changes.limit} times in the last minute; wait a moment.", wait
+            )
 
     async def take_socket(self, user: str) -> None:
         """Count an open socket (`socket_closed` when it closes), or refuse it."""
-        if await self._sockets.full(user):
+        if not await self._sockets.take(user):
             raise RateLimited(
                 f"You have {self._sockets.limit} tabs open already; close one and reload.", RUNNING_RETRY_SECONDS
             )
-        await self._sockets.add(user)
 
     async def socket_closed(self, user: str) -> None:
         await self._sockets.remove(user)
 
-    async def sign_in_wait(self, address: str) -> float:
-        """Seconds this client address must wait before trying to sign in again (0: it may now)."""
-        return await self._failed_sign_ins.wait(address)
+    async def take_sign_in(self, address: str) -> SignInAttempt | float:
+        """Count a sign-in attempt as failed before its token is checked (attempts sent together cannot
+        all pass the check), under its address and in all; or the seconds to wait if either window is
+        full. An attempt whose token is right is uncounted (`succeeded`)."""
+        group = address_group(address)
+        wait, mine = await self._failed_sign_ins.take(group)
+        if mine is None:
+            return wait
+        wait, everyone = await self._all_failed_sign_ins.take(ALL)
+        if everyone is None:
+            await self._failed_sign_ins.forget(group, mine)
+            return wait
+        return SignInAttempt(group, (mine, everyone))
 
-    async def failed_sign_in(self, address: str) -> None:
-        await self._failed_sign_ins.count(address)
+    async def succeeded(self, attempt: SignInAttempt) -> None:
+        await self._failed_sign_ins.forget(attempt.address, attempt.events[0])
+        await self._all_failed_sign_ins.forget(ALL, attempt.events[1])

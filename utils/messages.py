@@ -1,6 +1,7 @@
 """The records a conversation is made of, as stored and as sent in `ready.history`."""
 
 import json
+import re
 import secrets
 import time
 from collections.abc import Mapping
@@ -15,6 +16,16 @@ Status = Literal["complete", "streaming", "stopped", "error", "interrupted"]
 def new_id() -> str:
     """An unguessable id (128 bits)."""
     return secrets.token_urlsafe(16)
+
+
+# Every id this app ever made is base64url (22 characters; a few older ones, hand-made, are shorter).
+POSSIBLE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def possible_id(text: str) -> bool:
+    """Whether `text` could be an id at all: one that cannot (a NUL, a lone surrogate, a megabyte) is
+    answered as unknown without asking the database, which might choke on it (PostgreSQL refuses NUL)."""
+    return POSSIBLE_ID.fullmatch(text) is not None
 
 
 @dataclass

@@ -78,6 +78,15 @@ CREATE TABLE sessions (
 );
 CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """,
+    # The generated access token is kept as its hash (hex SHA-256, as `token_hash` makes it): a copy of
+    # the database signs nobody in.
+    """
+INSERT INTO secrets (name, value)
+    SELECT 'access_token_hash', encode(sha256(convert_to(value, 'UTF8')), 'hex') FROM secrets
+    WHERE name = 'access_token'
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value;
+DELETE FROM secrets WHERE name = 'access_token';
+""",
 ]
 
 UPSERT_MESSAGE = """
@@ -573,6 +582,14 @@ class PostgresStore:
             return await db.fetchval("SELECT value FROM secrets WHERE name = $1", name)
 
         return await self._write(work, None, retry=False)
+
+    async def set_secret(self, name: str, value: str) -> None:
+        """Replace the secret `name` (or keep it, the first time)."""
+        query = "INSERT INTO secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = $2"
+        await self._write(lambda db: db.execute(query, name, value), None, retry=False)
+
+    async def read_secret(self, name: str) -> str | None:
+        return await self._read(lambda db: db.fetchval("SELECT value FROM secrets WHERE name = $1", name))
 
     async def create_session(self, session_id: str, user: str, lifetime: float) -> None:
         now = time.time()

@@ -200,6 +200,23 @@ def ready(
     return frame
 
 
+def ready_text(
+    session_id: str,
+    title: str | None,
+    model: str,
+    system_prompt: str,
+    history_json: str,
+    running: dict[str, Any] | None,
+    provider: dict[str, Any],
+) -> str:
+    """`ready`, encoded, with its history encoded already (`encode([m.to_wire() ...])`): the same text
+    as `encode(ready(...))`, without encoding a long history again."""
+    head = encode(ready(session_id, title, model, system_prompt, [], None, provider))
+    assert head.endswith(',"history":[]}')  # `ready` puts the history last, before `running`
+    tail = "" if running is None else ',"running":' + encode(running)
+    return head.removesuffix("[]}") + history_json + tail + "}"
+
+
 def turn_start(turn_id: str, message: dict[str, Any]) -> dict[str, Any]:
     return {"type": "turn_start", "turn_id": turn_id, "message": message}
 

@@ -98,12 +98,12 @@ class Settings(BaseSettings):
     allowed_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Extra browser origins allowed to open the WebSocket, comma-separated "
-        "(the page's own origin is always allowed).",
+        "(the page's own origin is always allowed; 'null', the opaque origin any site can make, only if listed).",
     )
     allowed_hosts: Annotated[list[str], NoDecode] = Field(
         default_factory=list,
         description="Host names the server answers to, comma-separated; unset means the loopback names plus "
-        "--host (any name when bound to all interfaces). Guards against DNS rebinding.",
+        "--host. Required with --auth token or header beyond loopback. Guards against DNS rebinding.",
     )
     context_budget: int = Field(
         4000,
@@ -171,6 +171,17 @@ class Settings(BaseSettings):
     limit_conversations_per_minute: int = Field(
         30, ge=0, description="New conversations one user may start a minute (0: no limit)."
     )
+    limit_hellos_per_minute: int = Field(
+        300,
+        ge=0,
+        description="Hellos one user may send a minute: each opens a conversation on a socket, an existing "
+        "one or a new one (0: no limit).",
+    )
+    limit_changes_per_minute: int = Field(
+        120,
+        ge=0,
+        description="Renames, model or system prompt changes and deletes one user may make a minute (0: no limit).",
+    )
 
     @classmethod
     def settings_customise_sources(
@@ -191,6 +202,12 @@ class Settings(BaseSettings):
         if isinstance(value, str):
             return [item.strip() for item in value.split(",") if item.strip()]
         return value
+
+    @field_validator("allowed_origins", mode="before")
+    @classmethod
+    def _opaque_origin(cls, value: object) -> object:
+        # The flag parser reads a bare `--allowed-origins null` as JSON's null: it means the origin "null".
+        return ["null"] if value is None else value
 
     @field_validator("allowed_origins")
     @classmethod
@@ -269,6 +286,15 @@ class Settings(BaseSettings):
                 "conversation. Use --auth token (or POCKETCHAT_AUTH=token), or --auth header behind an "
                 "authenticating proxy; --insecure-no-auth overrides this."
             )
+        if self.auth_mode != "none" and not self.on_loopback and not self.allowed_hosts:
+            # Beyond loopback, any name can resolve to this address: a page of another site that points
+            # its own name at it (DNS rebinding) would be same-origin with the app, and in header mode
+            # nothing but the Host header would tell its requests apart.
+            return (
+                f"Refusing to serve {self.host} with --auth {self.auth_mode} and no --allowed-hosts: a page of "
+                "any site could reach it under a name of its own (DNS rebinding). Name the hosts browsers use "
+                "to reach it, e.g. --allowed-hosts chat.example.org,192.168.1.20 (or POCKETCHAT_ALLOWED_HOSTS)."
+            )
         return None
 
     @property
@@ -304,7 +330,10 @@ def normalize_origin(origin: str) -> str:
     """`origin` as a browser's Origin header spells it: scheme://host[:port], lower case, no default port.
 
     Browsers send the compressed form of an IPv6 literal and never a path, so a configured origin that
-    differs only in case, a trailing slash or a default port still matches."""
+    differs only in case, a trailing slash or a default port still matches. `null` (the opaque origin
+    of sandboxed iframes, data: URLs and files) is kept as it is: allowed only when listed."""
+    if origin.strip().lower() == "null":
+        return "null"
     parts = urlsplit(origin.strip())
     extra = parts.username is not None or parts.path not in ("", "/") or parts.query or parts.fragment
     if not parts.scheme or not parts.hostname or extra:

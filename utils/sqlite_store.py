@@ -5,8 +5,10 @@ contend; reads open their own connection on a worker thread (WAL lets them run b
 """
 
 import asyncio
+import contextlib
 import hashlib
 import logging
+import os
 import queue
 import sqlite3
 import threading
@@ -24,6 +26,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_SECONDS = 2.0  # how often writes the database refused are tried again
 MAX_UNWRITTEN = 10_000  # writes kept for a database that does not recover; the oldest go first
+PRIVATE = 0o600  # the database's files: read and written by the user the app runs as, nobody else
 
 # The schema, one step per version; `PRAGMA user_version` says how many steps a file has had. The
 # first step is the schema of the first release, so its files (version 0) take it as a no-op.
@@ -66,6 +69,14 @@ CREATE TABLE sessions (
 );
 CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """,
+    # The generated access token is kept as its hash: a copy of the file signs nobody in. (`token_hash`
+    # is registered on the connection that migrates; secure_delete zeroes the clear value's bytes.)
+    """
+PRAGMA secure_delete = ON;
+INSERT OR REPLACE INTO secrets (name, value)
+    SELECT 'access_token_hash', token_hash(value) FROM secrets WHERE name = 'access_token';
+DELETE FROM secrets WHERE name = 'access_token';
+""",
 ]
 
 UPSERT_MESSAGE = """
@@ -87,9 +98,23 @@ def _connect(path: Path) -> sqlite3.Connection:
 def _migrate(db: sqlite3.Connection) -> None:
     """Bring the file's schema up to date, each step in its own transaction."""
     version = db.execute("PRAGMA user_version").fetchone()[0]
+    db.create_function("token_hash", 1, token_hash, deterministic=True)
     for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
         db.executescript(f"BEGIN; {step} PRAGMA user_version = {number}; COMMIT;")
         logger.info("database schema upgraded to version %d", number)
+    if version < len(MIGRATIONS):
+        # Old versions of rows (a clear token, say) stay in the write-ahead log until it is emptied.
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def _keep_private(path: Path) -> None:
+    """Make the database file (if new) and its -wal and -shm files readable by their owner only: they
+    hold every conversation and the key that signs sessions. SQLite gives the -wal and -shm files it
+    makes the database file's mode, whatever the umask; files an older release made 0644 are changed."""
+    os.close(os.open(path, os.O_RDWR | os.O_CREAT, PRIVATE))
+    for file in (path, Path(f"{path}-wal"), Path(f"{path}-shm"), Path(f"{path}-journal")):
+        with contextlib.suppress(FileNotFoundError):
+            os.chmod(file, PRIVATE)
 
 
 def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> None:
@@ -112,6 +137,12 @@ def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> 
 def session_hash(session_id: str) -> str:
     """What the database keeps of a session id: its hash, so that a copy of the file signs nobody in."""
     return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+def token_hash(token: str) -> str:
+    """What the database keeps of a generated access token. A fast hash is enough: the token is 192
+    random bits, which no one guesses from its hash."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @dataclass
@@ -153,6 +184,7 @@ class SqliteStore:
 
     def _open(self, sweep_streaming: bool) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        _keep_private(self.path)
         connection = _connect(self.path)
         connection.execute("PRAGMA journal_mode = WAL")
         # With WAL, NORMAL loses nothing when the process crashes, only on power loss, and spares an
@@ -399,6 +431,15 @@ class SqliteStore:
             return db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()[0]
 
         return await self._write(work, None, retry=False)
+
+    async def set_secret(self, name: str, value: str) -> None:
+        """Replace the secret `name` (or keep it, the first time)."""
+        query = "INSERT OR REPLACE INTO secrets (name, value) VALUES (?, ?)"
+        await self._write(lambda db: db.execute(query, (name, value)), None, retry=False)
+
+    async def read_secret(self, name: str) -> str | None:
+        row = await self._read(lambda db: db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone())
+        return row[0] if row else None
 
     async def create_session(self, session_id: str, user: str, lifetime: float) -> None:
         now = time.time()

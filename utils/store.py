@@ -49,7 +49,12 @@ class Store(Protocol):
     async def save_interrupted(self, conversation_id: str, message: Message) -> None:
         """Store a reply whose replica died (its text, status interrupted), unless it was stored since."""
 
-    async def secret(self, name: str, make: Any) -> str: ...
+    async def secret(self, name: str, make: Any) -> str:
+        """The secret `name`, made by `make()` and kept the first time it is asked for."""
+
+    async def set_secret(self, name: str, value: str) -> None: ...
+
+    async def read_secret(self, name: str) -> str | None: ...
 
     async def create_session(self, session_id: str, user: str, lifetime: float) -> None: ...
 

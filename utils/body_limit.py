@@ -1,0 +1,79 @@
+"""Request bodies are refused (413) while they come in, as soon as they pass their route's limit:
+before the sign-in, its limiter or the route see the request. A client can make the server hold no
+more than a limit's worth of a body, however much it sends, and a route that reads no body (a
+sign-out, a delete) is not run for a request that carries a huge one.
+
+A declared Content-Length over the limit is refused before a byte of the body is read; a chunked
+body is counted as it arrives. A body within its limit is read whole here, then handed to the route:
+the limits are a few KiB. A route that takes uploads would get its own, larger limit and stream them
+to disk instead.
+"""
+
+from starlette.datastructures import Headers
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+FORM_BYTES = 4 * 1024  # POST /login: one token field; and every route that reads no body at all
+# PATCH of a conversation: a 20,000-character system prompt whose every character JSON escapes as
+# \uXXXX is 120,000 bytes, plus a title and a model.
+JSON_BYTES = 128 * 1024
+
+
+def body_limit(method: str, path: str) -> int:
+    """The largest body a request to this route may carry, in bytes."""
+    if method == "PATCH" and path.startswith("/api/conversations/"):
+        return JSON_BYTES
+    return FORM_BYTES
+
+
+class BodyLimit:
+    """ASGI middleware: reads a request's body, up to its route's limit, before anything else does;
+    refuses it with 413 once it passes the limit."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = Headers(scope=scope) if scope["type"] == "http" else Headers()
+        declared = headers.get("content-length")
+        if declared is None and "transfer-encoding" not in headers:
+            await self.app(scope, receive, send)  # no body: a GET, a WebSocket, the lifespan
+            return
+        limit = body_limit(scope["method"], scope["path"])
+        if declared is not None and (not declared.isdigit() or int(declared) > limit):
+            await too_large(limit)(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away: nobody to answer
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > limit:
+                await too_large(limit)(scope, receive, send)
+                return
+            if not message.get("more_body", False):
+                break
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives the body read already, then whatever comes next (a disconnect)."""
+    given = False
+
+    async def replayed() -> Message:
+        nonlocal given
+        if given:
+            return await receive()
+        given = True
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    return replayed
+
+
+def too_large(limit: int) -> ASGIApp:
+    # Closing the connection: the rest of the body is not worth reading to keep it open.
+    detail = f"The request body is over this route's limit of {limit} bytes."
+    return JSONResponse({"detail": detail}, status_code=413, headers={"Connection": "close"})
