@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pocketflow import AsyncFlow
 
 from nodes import BuildPrompt, SaveReply, StreamChat, TitleConversation
-from utils.settings import Settings
+from pocketchat.settings import Settings
 
 
 def create_chat_flow(settings: Settings) -> AsyncFlow:

@@ -1,5 +1,10 @@
-"""PocketChat's web app, wired together: settings, the process-wide resources, the HTTP routes
-(`api.py`) and the `/ws` WebSocket (`chat_socket.py`), whose turns run the flow (`turns.py`).
+"""PocketChat, wired together. A message on the `/ws` WebSocket starts a turn, and a turn runs a flow
+of flow.py (`--flow`, default `chat`) on a shared store; its nodes (nodes.py) stream the reply into the
+turn's log, which every socket on the conversation follows.
+
+This file makes the app: the settings, the process-wide resources (store, provider, coordinator of
+replicas: `pocketchat.state.AppState`), the HTTP routes and sign-in (`pocketchat/web/`), and the
+socket (`pocketchat.web.socket`), whose turns run the flow (`pocketchat.turns.run_turn`).
 
 Run it with `python main.py` (see `python main.py --help` for every setting). Two commands work on the
 database instead: `python main.py --login-link` makes a new sign-in link for `--auth token`, and
@@ -27,15 +32,15 @@ from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.responses import Response
 from starlette.types import Scope
 
-import auth
-from api import invalid_request, router
-from chat_socket import chat_socket
 from flow import FLOWS
-from state import AppState
-from utils.body_limit import BodyLimit
-from utils.providers import make_provider
-from utils.settings import Settings
-from utils.store import make_store
+from pocketchat.providers import make_provider
+from pocketchat.settings import Settings
+from pocketchat.state import AppState
+from pocketchat.store import make_store
+from pocketchat.web import sign_in
+from pocketchat.web.body_limit import BodyLimit
+from pocketchat.web.routes import invalid_request, router
+from pocketchat.web.socket import chat_socket
 
 logger = logging.getLogger("pocketchat")
 HERE = Path(__file__).parent
@@ -72,10 +77,10 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="PocketChat", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     # The last added runs first: a request for a host we do not serve is refused before sign-in, and a
     # body over its limit before anything reads it.
-    app.add_middleware(auth.SignInMiddleware)
+    app.add_middleware(sign_in.SignInMiddleware)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
     app.add_middleware(BodyLimit)
-    app.include_router(auth.router)
+    app.include_router(sign_in.router)
     app.include_router(router)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_api_websocket_route("/ws", chat_socket)
@@ -92,7 +97,7 @@ VENDOR_PATH = re.compile(r"/vendor/([\w@.+/-]+)")
 
 def vendor_files() -> frozenset[str]:
     """The paths under /vendor/ that the page names: in its template, its scripts and its styles."""
-    sources = [*HERE.glob("templates/*.html"), *HERE.glob("static/*.js"), *HERE.glob("static/*.css")]
+    sources = [*HERE.glob("pocketchat/web/templates/*.html"), *HERE.glob("static/*.js"), *HERE.glob("static/*.css")]
     return frozenset(path for source in sources for path in VENDOR_PATH.findall(source.read_text()))
 
 
@@ -115,11 +120,14 @@ class HideSecretsInAccessLog(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
-            record.args = tuple(
-                CONVERSATION_PATH.sub(r"\1\2…", auth.access_log_without_secrets(arg)) if isinstance(arg, str) else arg
-                for arg in record.args
-            )
+            record.args = tuple(self._hide(arg) for arg in record.args)
         return True
+
+    @staticmethod
+    def _hide(arg: object) -> object:
+        if not isinstance(arg, str):
+            return arg
+        return CONVERSATION_PATH.sub(r"\1\2…", sign_in.access_log_without_secrets(arg))
 
 
 CONVERSATION_PATH = re.compile(r"(/api/conversations/)([\w-]{6})[\w-]+")
@@ -157,7 +165,7 @@ async def run_command(command: str, settings: Settings) -> None:
             if settings.token is not None:
                 token = settings.token.get_secret_value()
             else:
-                token = await auth.new_access_token(store)
+                token = await sign_in.new_access_token(store)
                 print("A new access token: the link before this one no longer signs in.", file=sys.stderr)
             print(sign_in_link(settings, token))
         else:

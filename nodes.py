@@ -10,13 +10,13 @@ from typing import Any
 
 from pocketflow import AsyncNode
 
-from utils import protocol
-from utils.conversations import Conversation, Turn
+from pocketchat import protocol
+from pocketchat.conversations import Conversation, Turn
+from pocketchat.protocol import ProviderError, StorageError
+from pocketchat.records import Message, Status
+from pocketchat.turn_log import TurnLog
 from utils.llm_stream import ChatProvider, StreamResult, stream_llm
-from utils.messages import Message, Status
 from utils.prompt import Snippet, build_prompt, estimate_tokens
-from utils.protocol import ProviderError, StorageError
-from utils.turn_log import TurnLog
 
 
 class TitleConversation(AsyncNode):

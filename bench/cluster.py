@@ -35,10 +35,10 @@ import uvloop
 import websockets
 
 from bench.load import EXPECTED, PACE_MS, TOKENS, Run, summarize
+from pocketchat.cluster.redis_log import Copier, ProducedLog, RedisLink
 from tests.cluster import TOKEN, Nginx, sign_in, start_replica
 from tests.conftest import ROOT, AppProcess
 from tests.services import REDIS_URL, free_port, fresh_database, fresh_redis_prefix
-from utils.redis_log import Copier, ProducedLog, RedisLink
 
 SETUP_SECONDS = 30  # a hello unanswered this long stops the benchmark, saying where
 # Every limit checked and counted, as by default, but too high to refuse the bench's one user its

@@ -29,8 +29,8 @@ import openai
 import uvloop
 import websockets
 
+from pocketchat.providers.openai_compatible import OpenAIProvider
 from tests.conftest import NO_LIMITS, AppProcess, free_port
-from utils.openai_provider import OpenAIProvider
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 100

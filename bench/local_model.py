@@ -20,8 +20,8 @@ from typing import Any
 import llama_cpp
 from websockets.sync.client import connect
 
+from pocketchat.providers.local import CONTEXT_TOKENS, SAMPLING, default_model_path, without_extra_buffers
 from tests.conftest import AppProcess
-from utils.local_provider import CONTEXT_TOKENS, SAMPLING, default_model_path, without_extra_buffers
 
 SYSTEM = {"role": "system", "content": "You are a helpful assistant."}  # the app's default system prompt
 PROMPTS = {

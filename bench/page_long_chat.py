@@ -13,10 +13,10 @@ from pathlib import Path
 
 from playwright.sync_api import Page, expect, sync_playwright
 
+from pocketchat.records import ConversationRecord, Message
+from pocketchat.store.sqlite import SqliteStore
 from tests import chromium
 from tests.conftest import AppProcess
-from utils.messages import ConversationRecord, Message
-from utils.sqlite_store import SqliteStore
 
 REPLY = """Here is what I found about item {i}:
 

@@ -27,7 +27,7 @@ import asyncpg
 import pytest
 import redis
 
-from utils.pg_store import describe
+from pocketchat.store.postgres import describe
 
 
 def free_port() -> int:

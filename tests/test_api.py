@@ -6,9 +6,9 @@ import urllib.request
 
 import pytest
 
+from pocketchat.conversations import UNKNOWN
 from tests.conftest import API_KEY, MODES
 from tests.fake_openai import Reply
-from utils.conversations import UNKNOWN
 
 # Every rule holds in both modes: one process on SQLite, and a replica on PostgreSQL and Redis.
 pytestmark = pytest.mark.parametrize("mode", MODES, indirect=True)

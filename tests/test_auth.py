@@ -14,9 +14,9 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 import main
+from pocketchat.settings import Settings
 from tests.conftest import ROOT, AppProcess
 from tests.test_protocol import wait_for
-from utils.settings import Settings
 
 TOKEN = "a-token-for-the-tests-0123456789"
 

@@ -10,9 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import pytest
 
+from pocketchat.web.body_limit import FORM_BYTES, JSON_BYTES
 from tests.conftest import AppProcess
 from tests.test_auth import call, sign_in
-from utils.body_limit import FORM_BYTES, JSON_BYTES
 
 TOKEN = "a-token-for-the-tests-0123456789"
 BIG = 64 << 20

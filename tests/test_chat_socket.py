@@ -3,11 +3,11 @@
 import asyncio
 import logging
 
-from chat_socket import Client
-from state import AppState
-from utils.providers import UnavailableProvider
-from utils.settings import Settings
-from utils.sqlite_store import SqliteStore
+from pocketchat.providers import UnavailableProvider
+from pocketchat.settings import Settings
+from pocketchat.state import AppState
+from pocketchat.store.sqlite import SqliteStore
+from pocketchat.web.socket import Client
 
 
 class BrokenWebSocket:

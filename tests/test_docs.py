@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from utils import protocol
-from utils.settings import Settings
+from pocketchat import protocol
+from pocketchat.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL_DOC = (ROOT / "docs" / "protocol.md").read_text()

@@ -3,10 +3,10 @@
 import asyncio
 from pathlib import Path
 
-from utils import protocol
-from utils.conversations import Conversation, Hub
-from utils.messages import ConversationRecord, Message
-from utils.sqlite_store import SqliteStore
+from pocketchat import protocol
+from pocketchat.conversations import Conversation, Hub
+from pocketchat.records import ConversationRecord, Message
+from pocketchat.store.sqlite import SqliteStore
 
 
 def test_a_conversation_an_http_request_is_using_stays_the_one_copy(tmp_path: Path) -> None:

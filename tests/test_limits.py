@@ -10,11 +10,11 @@ from urllib.parse import urlencode
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from pocketchat.limits import ALL_SIGN_INS_PER_MINUTE, LocalWindow
 from tests.conftest import MODES, reply_text
 from tests.fake_openai import Reply
 from tests.test_auth import call, sign_in
 from tests.test_protocol import wait_for
-from utils.limits import ALL_SIGN_INS_PER_MINUTE, LocalWindow
 
 # The limits hold in both modes: counted in the process, or in Redis across replicas.
 pytestmark = pytest.mark.parametrize("mode", MODES, indirect=True)

@@ -16,7 +16,7 @@ import llama_cpp
 import pytest
 
 from bench.local_model import repeated_4gram_share
-from utils.local_provider import (
+from pocketchat.providers.local import (
     CONTEXT_TOKENS,
     SAMPLING,
     LocalModelMissing,

@@ -5,16 +5,16 @@ import json
 from pathlib import Path
 
 from flow import FLOWS
-from state import AppState
+from pocketchat.conversations import Conversation
+from pocketchat.providers import UnavailableProvider
+from pocketchat.providers.openai_compatible import OpenAIProvider
+from pocketchat.records import ConversationRecord, Message
+from pocketchat.settings import Settings
+from pocketchat.state import AppState
+from pocketchat.store.sqlite import SqliteStore
+from pocketchat.turns import new_shared, run_turn
 from tests.fake_openai import FakeOpenAI, Reply
-from turns import new_shared, run_turn
-from utils.conversations import Conversation
-from utils.messages import ConversationRecord, Message
-from utils.openai_provider import OpenAIProvider
 from utils.prompt import build_prompt, estimate_tokens
-from utils.providers import UnavailableProvider
-from utils.settings import Settings
-from utils.sqlite_store import SqliteStore
 
 
 async def run_one_turn(fake: FakeOpenAI, db: Path, content: str, history: list[Message] | None = None):

@@ -10,9 +10,9 @@ import httpx2
 import openai
 import pytest
 
+from pocketchat.protocol import ProviderError
+from pocketchat.providers.openai_compatible import OpenAIProvider
 from tests.fake_openai import Reply
-from utils.openai_provider import OpenAIProvider
-from utils.protocol import ProviderError
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

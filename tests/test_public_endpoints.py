@@ -49,7 +49,7 @@ def test_healthz_says_no_more_than_ok_per_part(start_app):
 
 def test_vendor_serves_the_files_the_page_loads_and_nothing_else(start_app):
     app = start_app("--auth", "token", "--token", TOKEN)  # not signed in: /vendor is public
-    page = (HERE / "templates" / "index.html").read_text()
+    page = (HERE / "pocketchat" / "web" / "templates" / "index.html").read_text()
     scripts = " ".join(path.read_text() for path in (HERE / "static").glob("*.js"))
     named = set(re.findall(r"/vendor/([^\"' )]+)", page + scripts))
     assert named and named == vendor_files()

@@ -4,11 +4,11 @@ Redis restart under open sockets, and the count of a replica that was killed."""
 import pytest
 import redis
 
+from pocketchat.cluster.counters import REFRESH_SECONDS
 from tests.conftest import AppProcess
 from tests.test_auth import sign_in
 from tests.test_limits import TOKEN, at_once, first_frame
 from tests.test_protocol import wait_for
-from utils.redis_limits import REFRESH_SECONDS
 
 pytestmark = pytest.mark.parametrize("mode", ["replicas"], indirect=True)
 

@@ -5,8 +5,8 @@ import asyncio
 import subprocess
 import sys
 
+from pocketchat.cluster.redis_log import Batch, RedisLink
 from tests.conftest import ROOT
-from utils.redis_log import Batch, RedisLink
 
 
 def run(coroutine):

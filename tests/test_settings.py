@@ -12,9 +12,9 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
+from pocketchat.settings import Settings, normalize_origin
 from tests.conftest import API_KEY, AppProcess
 from tests.fake_openai import FakeOpenAIThread
-from utils.settings import Settings, normalize_origin
 
 # Two valid values of each setting, neither of them its default: the second one tells which source won.
 SAMPLES: dict[str, tuple[str, str]] = {

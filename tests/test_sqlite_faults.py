@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from utils.conversations import Hub
-from utils.messages import ConversationRecord, Message
-from utils.protocol import StorageError
-from utils.sqlite_store import Job, SqliteStore
+from pocketchat.conversations import Hub
+from pocketchat.protocol import StorageError
+from pocketchat.records import ConversationRecord, Message
+from pocketchat.store.sqlite import Job, SqliteStore
 
 
 def hold_the_write_lock(path) -> sqlite3.Connection:
@@ -38,7 +38,7 @@ class WriteRefused(logging.Handler):
 
 def test_a_kept_checkpoint_never_overwrites_the_final_reply_saved_after_it(tmp_path):
     refused = WriteRefused()
-    logging.getLogger("utils.sqlite_store").addHandler(refused)
+    logging.getLogger("pocketchat.store.sqlite").addHandler(refused)
 
     async def scenario():
         path = tmp_path / "chat.db"
@@ -68,7 +68,7 @@ def test_a_kept_checkpoint_never_overwrites_the_final_reply_saved_after_it(tmp_p
     try:
         stored = asyncio.run(scenario())
     finally:
-        logging.getLogger("utils.sqlite_store").removeHandler(refused)
+        logging.getLogger("pocketchat.store.sqlite").removeHandler(refused)
     assert stored == ("half a reply, and the rest", "complete")
 
 

@@ -16,14 +16,14 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from pocketchat.protocol import StorageError
+from pocketchat.records import ConversationRecord, Message
+from pocketchat.settings import Settings
+from pocketchat.store import Store, make_store
+from pocketchat.store import postgres as pg_store
+from pocketchat.store.postgres import MIGRATIONS, PostgresStore
+from pocketchat.store.sqlite import Job, SqliteStore
 from tests.services import database_name, postgres_admin
-from utils import pg_store
-from utils.messages import ConversationRecord, Message
-from utils.pg_store import MIGRATIONS, PostgresStore
-from utils.protocol import StorageError
-from utils.settings import Settings
-from utils.sqlite_store import Job, SqliteStore
-from utils.store import Store, make_store
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -262,7 +262,7 @@ def test_make_store_picks_postgresql_for_a_database_url_and_sqlite_never_imports
     assert isinstance(make_store(Settings(database_url=url)), PostgresStore)
     assert isinstance(make_store(Settings(db_path=tmp_path / "c.db")), SqliteStore)
     check = (
-        "import sys; from utils.settings import Settings; from utils.store import make_store; "
+        "import sys; from pocketchat.settings import Settings; from pocketchat.store import make_store; "
         "make_store(Settings()); print('asyncpg' in sys.modules)"
     )
     result = subprocess.run([sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, check=True)
@@ -389,7 +389,7 @@ def test_replicas_opening_a_fresh_database_together_apply_the_schema_once(fresh_
             await replica.close()
         return opened, versions
 
-    with caplog.at_level(logging.INFO, logger="utils.pg_store"):
+    with caplog.at_level(logging.INFO, logger="pocketchat.store.postgres"):
         opened, versions = asyncio.run(scenario())
     assert opened == [0] * 6
     assert versions == list(range(1, len(MIGRATIONS) + 1))

@@ -3,7 +3,7 @@
 import asyncio
 import json
 
-from utils.turn_log import InProcessTurnLog
+from pocketchat.turn_log import InProcessTurnLog
 
 
 def test_following_after_a_seq_gives_exactly_what_came_after_that_chunk():

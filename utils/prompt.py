@@ -3,7 +3,7 @@ as fits the context budget."""
 
 from dataclasses import dataclass
 
-from utils.messages import Message
+from pocketchat.records import Message
 
 # Chat templates add a few tokens of framing to every message.
 PER_MESSAGE_TOKENS = 4

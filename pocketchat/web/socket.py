@@ -21,13 +21,13 @@ from typing import Any
 from fastapi import WebSocket
 from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
 
-from auth import SIGNED_OUT, VISITOR, Visitor, same_origin
-from state import AppState, chat_state
-from turns import begin_turn
-from utils import protocol
-from utils.conversations import Conversation, Turn, TurnIds
-from utils.protocol import BadFrame, ProtocolError, RateLimited
-from utils.turn_log import TurnLog
+from pocketchat import protocol
+from pocketchat.conversations import Conversation, Turn, TurnIds
+from pocketchat.protocol import BadFrame, ProtocolError, RateLimited
+from pocketchat.state import AppState, chat_state
+from pocketchat.turn_log import TurnLog
+from pocketchat.turns import begin_turn
+from pocketchat.web.sign_in import SIGNED_OUT, VISITOR, Visitor, same_origin
 
 logger = logging.getLogger("pocketchat")
 

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from utils.messages import ConversationRecord, Message
-from utils.protocol import StorageError
+from pocketchat.protocol import StorageError
+from pocketchat.records import ConversationRecord, Message
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

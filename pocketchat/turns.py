@@ -7,11 +7,11 @@ from collections.abc import Callable
 from typing import Any
 
 from flow import FLOWS
-from state import AppState
-from utils import protocol
-from utils.conversations import Conversation, Turn, TurnIds
-from utils.protocol import ProtocolError
-from utils.store import Store
+from pocketchat import protocol
+from pocketchat.conversations import Conversation, Turn, TurnIds
+from pocketchat.protocol import ProtocolError
+from pocketchat.state import AppState
+from pocketchat.store import Store
 
 logger = logging.getLogger("pocketchat")
 CHECKPOINT_SECONDS = 2.0

@@ -33,7 +33,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, RedisError
 
-from utils.turn_log import InProcessTurnLog
+from pocketchat.turn_log import InProcessTurnLog
 
 logger = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from pocketchat.protocol import ProviderError
 from utils.llm_stream import Chunk
-from utils.protocol import ProviderError
 
 logger = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 and changes a minute; and failed sign-ins, per client address and in all. A limit of 0 is off.
 
 The rules are here; the counting is done by a `Counters` kind: in this process (`LocalCounters`), or
-in Redis with replicas (`utils/redis_limits.py`), so that a user's limits hold across replicas.
+in Redis with replicas (`pocketchat/cluster/counters.py`), so that a user's limits hold across replicas.
 Every limit is checked and counted in one step (`take`): requests that arrive together cannot all
 pass the check before any of them is counted. A message is taken with the conversation's lease
 when there are replicas.
@@ -14,8 +14,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from utils.protocol import RateLimited, TurnInProgress
-from utils.settings import Settings
+from pocketchat.protocol import RateLimited, TurnInProgress
+from pocketchat.settings import Settings
 
 MINUTE = 60.0
 RUNNING_RETRY_SECONDS = 5.0  # a reply's end cannot be foreseen: a short wait to suggest

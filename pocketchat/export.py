@@ -2,7 +2,7 @@
 
 from datetime import UTC, datetime
 
-from utils.messages import ConversationRecord, Message
+from pocketchat.records import ConversationRecord, Message
 
 HEADINGS = {"user": "You", "assistant": "Assistant"}
 

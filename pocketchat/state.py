@@ -7,15 +7,15 @@ from typing import Protocol
 
 from fastapi import FastAPI
 
-from auth import SignIn
-from cluster import Cluster, SingleProcess
-from utils import protocol
-from utils.conversations import Conversation, Hub
+from pocketchat import protocol
+from pocketchat.cluster.coordinator import Cluster, SingleProcess
+from pocketchat.conversations import Conversation, Hub
+from pocketchat.metrics import Metrics
+from pocketchat.protocol import ProviderError
+from pocketchat.settings import Settings
+from pocketchat.store import Store
+from pocketchat.web.sign_in import SignIn
 from utils.llm_stream import ChatProvider
-from utils.metrics import Metrics
-from utils.protocol import ProviderError
-from utils.settings import Settings
-from utils.store import Store
 
 logger = logging.getLogger("pocketchat")
 SESSION_CHECK_SECONDS = 5.0  # how soon a socket notices its session was revoked elsewhere

@@ -11,14 +11,14 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, StringConstraints
 
-from auth import user_of, visitor_of
-from pages import render_page
-from state import chat_state
-from utils import protocol
-from utils.conversations import Conversation
-from utils.export import conversation_markdown
-from utils.protocol import StorageError, Unavailable, Unicode
-from utils.providers import available_models
+from pocketchat import protocol
+from pocketchat.conversations import Conversation
+from pocketchat.export import conversation_markdown
+from pocketchat.protocol import StorageError, Unavailable, Unicode
+from pocketchat.providers import available_models
+from pocketchat.state import chat_state
+from pocketchat.web.pages import render_page
+from pocketchat.web.sign_in import user_of, visitor_of
 
 router = APIRouter()
 DELETE_WAIT_SECONDS = 30.0  # for a stopped reply to end, on whichever replica writes it

@@ -5,11 +5,11 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
+from pocketchat.protocol import ProviderError
+from pocketchat.providers.local import LocalModelMissing, LocalProvider
+from pocketchat.providers.openai_compatible import OpenAIProvider
+from pocketchat.settings import Settings
 from utils.llm_stream import ChatProvider, Chunk
-from utils.local_provider import LocalModelMissing, LocalProvider
-from utils.openai_provider import OpenAIProvider
-from utils.protocol import ProviderError
-from utils.settings import Settings
 
 logger = logging.getLogger(__name__)
 

@@ -15,11 +15,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from utils import protocol
-from utils.messages import ConversationRecord, Message, new_id, possible_id
-from utils.protocol import NothingToRegenerate, TurnInProgress, UnknownSession
-from utils.store import Store
-from utils.turn_log import InProcessTurnLog, TurnLog
+from pocketchat import protocol
+from pocketchat.protocol import NothingToRegenerate, TurnInProgress, UnknownSession
+from pocketchat.records import ConversationRecord, Message, new_id, possible_id
+from pocketchat.store import Store
+from pocketchat.turn_log import InProcessTurnLog, TurnLog
 
 UNKNOWN = "No conversation has that id; it may have been deleted."
 UNSTORED_KEEP_SECONDS = 600.0
@@ -194,7 +194,7 @@ def _same(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
 
 
 class Coordinator(Protocol):
-    """What the hub needs of the replicas' coordinator (`cluster.py`): the log a turn gets, and to
+    """What the hub needs of the replicas' coordinator (`pocketchat/cluster/`): the log a turn gets, and to
     follow a turn that runs elsewhere when it loads a conversation."""
 
     def new_log(self, turn_id: str) -> TurnLog: ...

@@ -10,8 +10,8 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import aiohttp
 import openai
 
+from pocketchat.protocol import ProviderError
 from utils.llm_stream import Chunk
-from utils.protocol import ProviderError
 
 RETRYABLE_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
 # Keys look like sk-..., sk-or-v1-..., or-...; a provider may echo part of one back.

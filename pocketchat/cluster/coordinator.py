@@ -26,16 +26,16 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from utils import protocol
-from utils.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn, TurnIds
-from utils.limits import Lease, Limits, LocalCounters, Taken
-from utils.messages import ConversationRecord, Message, new_id
-from utils.protocol import Unavailable
-from utils.redis_limits import RedisCounters
-from utils.redis_log import LEASE_MS, RENEW_SECONDS, Copier, Fenced, ProducedLog, RedisLink
-from utils.settings import Settings
-from utils.store import Store
-from utils.turn_log import InProcessTurnLog, TurnLog, parse_key
+from pocketchat import protocol
+from pocketchat.cluster.counters import RedisCounters
+from pocketchat.cluster.redis_log import LEASE_MS, RENEW_SECONDS, Copier, Fenced, ProducedLog, RedisLink
+from pocketchat.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn, TurnIds
+from pocketchat.limits import Lease, Limits, LocalCounters, Taken
+from pocketchat.protocol import Unavailable
+from pocketchat.records import ConversationRecord, Message, new_id
+from pocketchat.settings import Settings
+from pocketchat.store import Store
+from pocketchat.turn_log import InProcessTurnLog, TurnLog, parse_key
 
 logger = logging.getLogger("pocketchat")
 

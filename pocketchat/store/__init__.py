@@ -10,8 +10,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from utils.messages import ConversationRecord, Message
-from utils.settings import Settings
+from pocketchat.records import ConversationRecord, Message
+from pocketchat.settings import Settings
 
 
 class Store(Protocol):
@@ -69,9 +69,9 @@ def make_store(settings: Settings) -> Store:
     """PostgreSQL when --database-url names one, else the SQLite file at --db-path."""
     if settings.database_url is not None:
         # Imported here: who keeps to SQLite never imports asyncpg.
-        from utils.pg_store import PostgresStore
+        from pocketchat.store.postgres import PostgresStore
 
         return PostgresStore(settings.database_url.get_secret_value())
-    from utils.sqlite_store import SqliteStore
+    from pocketchat.store.sqlite import SqliteStore
 
     return SqliteStore(settings.db_path)

@@ -4,7 +4,7 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from utils.conversations import Turn
+from pocketchat.conversations import Turn
 
 # Seconds: from a fast provider's first chunk to a queued embedded model's.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)

@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
-from utils.messages import ConversationRecord
+from pocketchat.records import ConversationRecord
 
 PROTOCOL_VERSION = 1
 

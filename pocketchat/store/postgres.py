@@ -18,9 +18,9 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from utils.messages import ConversationRecord, Message
-from utils.protocol import StorageError
-from utils.sqlite_store import MAX_UNWRITTEN, RETRY_SECONDS, session_hash
+from pocketchat.protocol import StorageError
+from pocketchat.records import ConversationRecord, Message
+from pocketchat.store.sqlite import MAX_UNWRITTEN, RETRY_SECONDS, session_hash
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -25,11 +25,11 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from pages import render_page
-from utils.limits import Limits, SignInAttempt
-from utils.settings import Settings
-from utils.sqlite_store import token_hash
-from utils.store import Store
+from pocketchat.limits import Limits, SignInAttempt
+from pocketchat.settings import Settings
+from pocketchat.store import Store
+from pocketchat.store.sqlite import token_hash
+from pocketchat.web.pages import render_page
 
 logger = logging.getLogger("pocketchat")
 
@@ -341,7 +341,7 @@ async def login(request: Request) -> Response:
 
 @router.post("/login", response_model=None)
 async def login_form(request: Request) -> Response:
-    body = await request.body()  # a few KiB at most: utils/body_limit.py refuses more while it comes in
+    body = await request.body()  # a few KiB at most: pocketchat/web/body_limit.py refuses more while it comes in
     token = parse_qs(body.decode(errors="replace")).get("token", [""])[0].strip()
     return await _sign_in(request, token, login_page(request, 401, WRONG_TOKEN))
 

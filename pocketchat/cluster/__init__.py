@@ -1,0 +1,1 @@
+"""Replicas: one coordinator for one process or for several, through Redis."""

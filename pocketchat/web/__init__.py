@@ -1,0 +1,1 @@
+"""The web side: HTTP routes, the `/ws` socket, sign-in, the pages and the body limit."""
