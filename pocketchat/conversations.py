@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pocketchat import protocol
-from pocketchat.protocol import NothingToRegenerate, TurnInProgress, UnknownSession
+from pocketchat.protocol import NothingToRegenerate, TurnInProgress, UnknownConversation
 from pocketchat.records import ConversationRecord, Message, new_id, possible_id
 from pocketchat.store import Store
 from pocketchat.turn_log import InProcessTurnLog, TurnLog
@@ -127,7 +127,7 @@ class Conversation:
 
     def _begin(self, user_message: Message, replaced: list[Message], ids: "TurnIds") -> Turn:
         if self.deleting:
-            raise UnknownSession("This conversation is being deleted.")
+            raise UnknownConversation("This conversation is being deleted.")
         if self.turn is not None:
             raise TurnInProgress()
         turn_id = ids.turn
@@ -275,7 +275,7 @@ class Hub:
         """The conversation, if `owner` owns it. Anyone else is told exactly what they would be told
         for an id that does not exist: nothing says it exists."""
         if not possible_id(conversation_id):
-            raise UnknownSession(UNKNOWN)
+            raise UnknownConversation(UNKNOWN)
         if (live := self._live.get(conversation_id)) is None:
             # Two sockets opening the same conversation at once must get the same object.
             if (loading := self._loading.get(conversation_id)) is None:
@@ -287,7 +287,7 @@ class Hub:
         if live is None or live.deleting or live.record.owner != owner:
             if live is not None:
                 self.release(live)  # loaded for nobody: not kept
-            raise UnknownSession(UNKNOWN)
+            raise UnknownConversation(UNKNOWN)
         return live
 
     async def _load(self, conversation_id: str) -> Conversation | None:

@@ -31,7 +31,7 @@ def unicode_text(value: object) -> object:
 
 # Before the other checks: a lone surrogate also breaks pydantic's own pattern matching.
 Unicode = BeforeValidator(unicode_text)
-SessionId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=64), Unicode]
+ConversationId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=64), Unicode]
 Content = Annotated[str, StringConstraints(strict=True, pattern=r"\S"), Unicode]
 
 
@@ -61,8 +61,8 @@ class TurnInProgress(ProtocolError):
         super().__init__(message)
 
 
-class UnknownSession(ProtocolError):
-    code = "unknown_session"
+class UnknownConversation(ProtocolError):
+    code = "unknown_conversation"
 
 
 class NothingToRegenerate(ProtocolError):
@@ -114,7 +114,13 @@ class _Frame(BaseModel):
 
 class Hello(_Frame):
     type: Literal["hello"]
-    session_id: SessionId | None = None
+    conversation_id: ConversationId | None = None
+    session_id: ConversationId | None = None  # the deprecated name of conversation_id (protocol 1)
+
+    @property
+    def conversation(self) -> str | None:
+        """The conversation to attach to (None: a new one), by either name."""
+        return self.conversation_id or self.session_id
 
 
 class Message(_Frame):
@@ -177,7 +183,7 @@ def encode(frame: dict[str, Any]) -> str:
 
 
 def ready(
-    session_id: str,
+    conversation_id: str,
     title: str | None,
     model: str,
     system_prompt: str,
@@ -188,7 +194,8 @@ def ready(
     frame: dict[str, Any] = {
         "type": "ready",
         "protocol": PROTOCOL_VERSION,
-        "session_id": session_id,
+        "conversation_id": conversation_id,
+        "session_id": conversation_id,  # deprecated: the name protocol 1 began with
         "title": title,
         "model": model,
         "system_prompt": system_prompt,
@@ -201,7 +208,7 @@ def ready(
 
 
 def ready_text(
-    session_id: str,
+    conversation_id: str,
     title: str | None,
     model: str,
     system_prompt: str,
@@ -211,7 +218,7 @@ def ready_text(
 ) -> str:
     """`ready`, encoded, with its history encoded already (`encode([m.to_wire() ...])`): the same text
     as `encode(ready(...))`, without encoding a long history again."""
-    head = encode(ready(session_id, title, model, system_prompt, [], None, provider))
+    head = encode(ready(conversation_id, title, model, system_prompt, [], None, provider))
     assert head.endswith(',"history":[]}')  # `ready` puts the history last, before `running`
     tail = "" if running is None else ',"running":' + encode(running)
     return head.removesuffix("[]}") + history_json + tail + "}"
@@ -249,15 +256,17 @@ def step_record(frame: dict[str, Any]) -> dict[str, Any]:
 def conversation(record: ConversationRecord) -> dict[str, Any]:
     return {
         "type": "conversation",
-        "session_id": record.id,
+        "conversation_id": record.id,
+        "session_id": record.id,  # deprecated
         "title": record.title,
         "model": record.model,
         "system_prompt": record.system_prompt,
     }
 
 
-def deleted(session_id: str) -> dict[str, Any]:
-    return {"type": "deleted", "session_id": session_id}
+def deleted(conversation_id: str) -> dict[str, Any]:
+    # session_id: deprecated, the name protocol 1 began with
+    return {"type": "deleted", "conversation_id": conversation_id, "session_id": conversation_id}
 
 
 def error(error: ProtocolError) -> dict[str, Any]:

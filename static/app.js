@@ -4,7 +4,8 @@ import { Connection } from "./connection.js";
 import { copyCode } from "./markdown.js";
 import { Transcript } from "./transcript.js";
 
-const SESSION_KEY = "pocketchat.session";
+const CONVERSATION_KEY = "pocketchat.conversation";
+const OLD_CONVERSATION_KEY = "pocketchat.session"; // where an earlier page kept it
 const $ = (id) => document.getElementById(id);
 
 const ui = {
@@ -18,7 +19,7 @@ const ui = {
 };
 
 const state = {
-  sessionId: localStorage.getItem(SESSION_KEY),
+  conversationId: localStorage.getItem(CONVERSATION_KEY) ?? localStorage.getItem(OLD_CONVERSATION_KEY),
   conversation: null, // {title, model, system_prompt}
   provider: null, // ready.provider: who answers
   running: null, // {turnId, seq, view}
@@ -35,7 +36,7 @@ function signIn() {
 }
 
 function helloFrame() {
-  return state.sessionId ? { type: "hello", session_id: state.sessionId } : { type: "hello" };
+  return state.conversationId ? { type: "hello", conversation_id: state.conversationId } : { type: "hello" };
 }
 
 function announce(text) {
@@ -47,8 +48,9 @@ function announce(text) {
 const handlers = {
   ready(frame) {
     connection.confirmed();
-    state.sessionId = frame.session_id;
-    localStorage.setItem(SESSION_KEY, frame.session_id);
+    state.conversationId = frame.conversation_id;
+    localStorage.setItem(CONVERSATION_KEY, frame.conversation_id);
+    localStorage.removeItem(OLD_CONVERSATION_KEY);
     state.provider = frame.provider;
     showConversation(frame);
     state.running = null;
@@ -117,7 +119,7 @@ const handlers = {
   },
 
   error(frame) {
-    if (frame.code === "unknown_session") {
+    if (frame.code === "unknown_conversation") {
       newChat(); // it was deleted, or never got a message before the server restarted
       return;
     }
@@ -140,12 +142,12 @@ const handlers = {
   },
 
   conversation(frame) {
-    if (frame.session_id === state.sessionId) showConversation(frame);
+    if (frame.conversation_id === state.conversationId) showConversation(frame);
     refreshSidebar();
   },
 
   deleted(frame) {
-    if (frame.session_id === state.sessionId) newChat();
+    if (frame.conversation_id === state.conversationId) newChat();
     refreshSidebar();
   },
 };
@@ -161,7 +163,7 @@ function showConversation(frame) {
   ui.title.textContent = frame.title || "New chat";
   ui.promptSummary.textContent = frame.system_prompt ? `System prompt: ${frame.system_prompt}` : "No system prompt";
   document.title = frame.title ? `${frame.title} · PocketChat` : "PocketChat";
-  ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.session_id)}/export.md`;
+  ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.md`;
   fillModelPicker();
   showProvider();
 }
@@ -240,7 +242,7 @@ async function refreshSidebar() {
     open.type = "button";
     open.className = "open";
     open.textContent = c.title || "New chat";
-    if (c.id === state.sessionId) open.setAttribute("aria-current", "page");
+    if (c.id === state.conversationId) open.setAttribute("aria-current", "page");
     const rename = document.createElement("button");
     rename.type = "button";
     rename.className = "rename icon";
@@ -257,15 +259,15 @@ async function refreshSidebar() {
 }
 
 function openConversation(id) {
-  if (id === state.sessionId) return;
-  state.sessionId = id;
-  connection.send({ type: "hello", session_id: id });
+  if (id === state.conversationId) return;
+  state.conversationId = id;
+  connection.send({ type: "hello", conversation_id: id });
   closeSidebarOnPhone();
 }
 
 function newChat() {
-  state.sessionId = null;
-  localStorage.removeItem(SESSION_KEY);
+  state.conversationId = null;
+  localStorage.removeItem(CONVERSATION_KEY);
   connection.send({ type: "hello" });
   closeSidebarOnPhone();
   ui.input.focus();
@@ -330,8 +332,8 @@ function fillModelPicker() {
 }
 
 function changeConversation(changes) {
-  if (!state.sessionId) return;
-  api("PATCH", `/api/conversations/${state.sessionId}`, changes).catch((e) => showNotice(e.message));
+  if (!state.conversationId) return;
+  api("PATCH", `/api/conversations/${state.conversationId}`, changes).catch((e) => showNotice(e.message));
 }
 
 // ---- the composer -------------------------------------------------------------------------

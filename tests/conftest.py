@@ -153,8 +153,8 @@ class ChatClient:
             if frame["type"] == type:
                 return seen
 
-    def hello(self, session_id: str | None = None) -> dict[str, Any]:
-        self.send("hello", **({"session_id": session_id} if session_id else {}))
+    def hello(self, conversation_id: str | None = None) -> dict[str, Any]:
+        self.send("hello", **({"conversation_id": conversation_id} if conversation_id else {}))
         return self.until("ready")[-1]
 
     def turn(self, content: str) -> list[dict[str, Any]]:

@@ -33,9 +33,9 @@ def test_the_page_and_health_check_are_served(app):
 
 def test_conversations_are_listed_newest_first(app):
     client = app.client()
-    older = client.hello()["session_id"]
+    older = client.hello()["conversation_id"]
     client.turn("older one")
-    newer = client.hello()["session_id"]
+    newer = client.hello()["conversation_id"]
     client.turn("newer one")
     listed = app.get("/api/conversations")["conversations"]
     assert [c["id"] for c in listed] == [newer, older]
@@ -44,7 +44,7 @@ def test_conversations_are_listed_newest_first(app):
 
 def test_rename_is_stored_and_told_to_attached_sockets(app):
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     status, body = request(app, "PATCH", f"/api/conversations/{session}", {"title": "  My plans  "})
     assert status == 200 and json.loads(body)["title"] == "My plans"
     assert client.until("conversation")[-1]["title"] == "My plans"
@@ -53,7 +53,7 @@ def test_rename_is_stored_and_told_to_attached_sockets(app):
 
 def test_model_and_system_prompt_apply_to_the_next_turn(app, fake):
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     changes = {"model": "fake-model-large", "system_prompt": "Answer like a pirate."}
     assert request(app, "PATCH", f"/api/conversations/{session}", changes)[0] == 200
     client.turn("ahoy")
@@ -69,7 +69,7 @@ def test_model_and_system_prompt_apply_to_the_next_turn(app, fake):
     [{"title": ""}, {"title": 5}, {"model": ""}, {"title": "   "}, {"model": " \t "}, {"title": "\ud83d"}],
 )
 def test_a_bad_change_is_refused_and_changes_nothing(app, body):
-    session = app.client().hello()["session_id"]
+    session = app.client().hello()["conversation_id"]
     status, _ = request(app, "PATCH", f"/api/conversations/{session}", body)
     assert status == 422
     record = app.get(f"/api/conversations/{session}")
@@ -79,17 +79,17 @@ def test_a_bad_change_is_refused_and_changes_nothing(app, body):
 def test_delete_stops_the_turn_tells_the_sockets_and_removes_everything(app, fake):
     fake.queue(Reply(count=500, pace=0.02))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     client.send("message", content="doomed")
     client.until("chunk")
     status, _ = request(app, "DELETE", f"/api/conversations/{session}")
     assert status == 204
     frames = client.until("deleted")
-    assert frames[-1]["session_id"] == session
+    assert frames[-1]["conversation_id"] == session
     assert any(f["type"] == "turn_end" and f["status"] == "stopped" for f in frames)
     assert request(app, "GET", f"/api/conversations/{session}")[0] == 404
-    client.send("hello", session_id=session)
-    assert client.recv()["code"] == "unknown_session"
+    client.send("hello", conversation_id=session)
+    assert client.recv()["code"] == "unknown_conversation"
 
 
 def test_unknown_conversations_are_404(app):
@@ -113,15 +113,15 @@ def test_an_id_that_cannot_exist_is_404_on_every_route(app, bad_id):
         status, body = request(app, method, path, {"title": "x"} if method == "PATCH" else None)
         assert (status, json.loads(body)) == (404, {"detail": UNKNOWN}), (method, path[:60])
     client = app.client()
-    client.send("hello", session_id="\u00e9t\u00e9 " + "\ufffd")
-    assert client.recv()["code"] == "unknown_session"
+    client.send("hello", conversation_id="\u00e9t\u00e9 " + "\ufffd")
+    assert client.recv()["code"] == "unknown_conversation"
     assert client.hello()["type"] == "ready"  # the socket goes on
 
 
 def test_export_is_markdown_of_the_whole_conversation(app, fake):
     fake.queue(Reply(tokens=["**bold** answer"]))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     client.turn("a question")
     status, body = request(app, "GET", f"/api/conversations/{session}/export.md")
     text = body.decode()

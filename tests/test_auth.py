@@ -252,7 +252,7 @@ def sign_in_through_proxy(app: AppProcess, **forwarded: str) -> tuple[Answer, st
 def test_a_state_changing_request_from_another_origin_is_refused(token_app):
     _, cookie = sign_in(token_app)
     client = token_app.client(Cookie=cookie)
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     path = f"/api/conversations/{session}"
     foreign = call(token_app, "PATCH", path, {"title": "pwned"}, Cookie=cookie, Origin="http://evil.example")
     assert foreign.status == 403
@@ -295,10 +295,10 @@ def as_user(user: str) -> dict[str, str]:
 
 def test_in_header_mode_each_user_sees_only_their_own_conversations(header_app, fake):
     alice = header_app.client(**as_user("alice"))
-    mine = alice.hello()["session_id"]
+    mine = alice.hello()["conversation_id"]
     alice.turn("alice's secret plan")
     bob = header_app.client(**as_user("bob"))
-    assert bob.hello()["session_id"] != mine
+    assert bob.hello()["conversation_id"] != mine
     assert call(header_app, "GET", "/api/conversations", **as_user("bob")).json() == {"conversations": []}
     listed = call(header_app, "GET", "/api/conversations", **as_user("alice")).json()["conversations"]
     assert [c["id"] for c in listed] == [mine]
@@ -312,10 +312,10 @@ def test_in_header_mode_each_user_sees_only_their_own_conversations(header_app, 
         theirs = call(header_app, method, path, body, **as_user("bob"))
         missing = call(header_app, method, path.replace(mine, "no-such-id"), body, **as_user("bob"))
         assert theirs.status == missing.status == 404 and theirs.body == missing.body
-    bob.send("hello", session_id=mine)
+    bob.send("hello", conversation_id=mine)
     refused = bob.recv()
-    bob.send("hello", session_id="no-such-id")
-    assert refused == bob.recv() and refused["code"] == "unknown_session"
+    bob.send("hello", conversation_id="no-such-id")
+    assert refused == bob.recv() and refused["code"] == "unknown_conversation"
     # Nothing Bob tried changed it.
     record = call(header_app, "GET", f"/api/conversations/{mine}", **as_user("alice")).json()
     assert record["title"] == "alice's secret plan" and len(record["messages"]) == 2

@@ -91,7 +91,7 @@ def token_app(start_app) -> AppProcess:
 def test_a_64_mib_body_to_every_route_is_refused_while_it_comes_in(token_app):
     _, cookie = sign_in(token_app, TOKEN)
     client = token_app.client(Cookie=cookie)
-    conversation = f"/api/conversations/{client.hello()['session_id']}"
+    conversation = f"/api/conversations/{client.hello()['conversation_id']}"
     signed_in = {"Cookie": cookie}
     routes = [
         ("POST", "/login", {"Content-Type": "application/x-www-form-urlencoded"}),  # before the limiter
@@ -117,7 +117,7 @@ def test_a_64_mib_body_to_every_route_is_refused_while_it_comes_in(token_app):
 
 def test_bodies_within_the_limits_are_served(token_app):
     _, cookie = sign_in(token_app, TOKEN)
-    conversation = f"/api/conversations/{token_app.client(Cookie=cookie).hello()['session_id']}"
+    conversation = f"/api/conversations/{token_app.client(Cookie=cookie).hello()['conversation_id']}"
     # The longest system prompt, every character escaped by JSON (6 bytes each): under the JSON limit.
     prompt = "\x01" * 20_000
     body = json.dumps({"title": "t" * 200, "model": "m" * 200, "system_prompt": prompt}).encode()

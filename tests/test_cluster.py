@@ -107,8 +107,8 @@ def chunks(frames: list[dict]) -> list[dict]:
 def test_two_tabs_on_two_replicas_see_one_stream_byte_for_byte(replicas, balancer, cookie, fake):
     fake.queue(Reply(count=30, pace=0.01))
     on_a, on_b = tabs_on_both_replicas(balancer, replicas, cookie)
-    session = on_a.hello()["session_id"]  # new, not stored yet: B finds it all the same
-    assert on_b.hello(session)["session_id"] == session
+    session = on_a.hello()["conversation_id"]  # new, not stored yet: B finds it all the same
+    assert on_b.hello(session)["conversation_id"] == session
     on_a.send("message", content="hello both replicas")
     a_frames, b_frames = on_a.until("turn_end"), on_b.until("turn_end")
     assert a_frames == b_frames and len(chunks(a_frames)) == 30
@@ -125,7 +125,7 @@ def test_a_client_hopping_replicas_every_few_chunks_ends_with_a_byte_identical_t
 ):
     fake.queue(Reply(count=120, pace=0.02))
     watcher = client(replicas[0].ws_url, cookie)
-    session = watcher.hello()["session_id"]
+    session = watcher.hello()["conversation_id"]
     watcher.send("message", content="a long answer, read from everywhere")
     undisturbed = watcher.until("chunk")
     text, hops, ended = "", 0, False
@@ -165,10 +165,10 @@ def test_a_new_conversation_opens_on_the_other_replica_as_soon_as_its_ready_arri
     on_a, on_b = client(a.ws_url, cookie), client(b.ws_url, cookie)
     with redis.Redis.from_url(private_redis.url) as pausing:
         pausing.client_pause(2000, all=False)
-    session = on_a.hello()["session_id"]
-    on_b.send("hello", session_id=session)
+    session = on_a.hello()["conversation_id"]
+    on_b.send("hello", conversation_id=session)
     answer = on_b.recv()
-    assert (answer["type"], answer.get("session_id")) == ("ready", session), answer
+    assert (answer["type"], answer.get("conversation_id")) == ("ready", session), answer
 
 
 # 2. One running turn per conversation, across replicas
@@ -177,7 +177,7 @@ def test_a_new_conversation_opens_on_the_other_replica_as_soon_as_its_ready_arri
 def test_a_message_on_b_while_a_turn_runs_on_a_is_turn_in_progress(replicas, balancer, cookie, fake):
     fake.queue(Reply(count=40, pace=0.02))
     on_a, on_b = tabs_on_both_replicas(balancer, replicas, cookie)
-    session = on_a.hello()["session_id"]
+    session = on_a.hello()["conversation_id"]
     on_b.hello(session)
     on_a.send("message", content="first")
     on_b.until("chunk")
@@ -196,7 +196,7 @@ def test_a_stop_sent_to_b_ends_the_turn_on_a_and_the_provider_sees_its_connectio
 ):
     fake.queue(Reply(count=500, pace=0.02))
     on_a, on_b = tabs_on_both_replicas(balancer, replicas, cookie)
-    session = on_a.hello()["session_id"]
+    session = on_a.hello()["conversation_id"]
     on_b.hello(session)
     on_a.send("message", content="go on and on")
     turn_id = on_a.until("turn_start")[-1]["turn_id"]
@@ -216,7 +216,7 @@ def test_a_stop_sent_to_b_ends_the_turn_on_a_and_the_provider_sees_its_connectio
 
 def test_a_rename_a_model_change_and_a_delete_on_one_replica_reach_the_sockets_of_both(replicas, balancer, cookie):
     on_a, on_b = tabs_on_both_replicas(balancer, replicas, cookie)
-    session = on_a.hello()["session_id"]
+    session = on_a.hello()["conversation_id"]
     on_a.turn("something to keep")
     on_b.hello(session)
     changes = json.dumps({"title": "Renamed on B", "model": "fake-model-large", "system_prompt": "Be terse."})
@@ -239,9 +239,9 @@ def test_a_rename_a_model_change_and_a_delete_on_one_replica_reach_the_sockets_o
     )
     urllib.request.urlopen(delete, timeout=10).close()
     for socket in (on_a, on_b):
-        assert socket.until("deleted")[-1]["session_id"] == session
-    on_b.send("hello", session_id=session)
-    assert on_b.recv()["code"] == "unknown_session"
+        assert socket.until("deleted")[-1]["conversation_id"] == session
+    on_b.send("hello", conversation_id=session)
+    assert on_b.recv()["code"] == "unknown_conversation"
 
 
 # 5. A replica that dies mid-turn is noticed
@@ -252,7 +252,7 @@ def test_after_sigkill_of_the_producer_the_other_replica_ends_the_turn_interrupt
 ):
     fake.queue(Reply(count=500, pace=0.02))
     on_a, on_b = tabs_on_both_replicas(balancer, replicas, cookie)
-    session = on_a.hello()["session_id"]
+    session = on_a.hello()["conversation_id"]
     on_b.hello(session)
     on_a.send("message", content="this replica will die")
     seen = []
@@ -277,7 +277,7 @@ def test_sigterm_closes_the_sockets_with_1012_and_the_running_reply_finishes_and
 ):
     fake.queue(Reply(count=100, pace=0.03))
     on_a, on_b = tabs_on_both_replicas(balancer, replicas, cookie)
-    session = on_a.hello()["session_id"]
+    session = on_a.hello()["conversation_id"]
     on_b.hello(session)
     on_a.send("message", content="finish me while you restart")
     on_a.until("chunk")
@@ -302,7 +302,7 @@ def test_a_reply_longer_than_the_drain_timeout_is_stopped_and_stored(another_rep
     draining = another_replica("--drain-timeout", "1")
     fake.queue(Reply(count=500, pace=0.02))
     on_d, on_b = client(draining.ws_url, cookie), client(replicas[1].ws_url, cookie)
-    session = on_d.hello()["session_id"]
+    session = on_d.hello()["conversation_id"]
     on_b.hello(session)
     on_d.send("message", content="too long to wait for")
     on_d.until("chunk")
@@ -321,7 +321,7 @@ def test_a_redis_outage_ends_the_running_turn_with_an_error_refuses_new_ones_the
 ):
     app = another_replica(POCKETCHAT_REDIS_URL=private_redis.url)
     socket = client(app.ws_url, sign_in(app.url))
-    session = socket.hello()["session_id"]
+    session = socket.hello()["conversation_id"]
     assert socket.turn("before the outage")[-1]["status"] == "complete"
     fake.queue(Reply(count=500, pace=0.02))
     socket.send("message", content="during the outage")

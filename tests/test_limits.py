@@ -44,7 +44,7 @@ def test_over_the_running_turns_limit_a_message_waits_and_the_running_reply_goes
 def test_over_the_messages_a_minute_limit_the_next_message_is_refused_with_the_wait(start_app, fake):
     app = start_app("--limit-messages-per-minute", "2")
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     client.turn("one")
     client.turn("two")
     client.send("message", content="three")
@@ -95,24 +95,24 @@ def test_a_refused_message_before_hello_gets_ready_then_the_error(start_app):
 def test_over_the_conversations_a_minute_limit_a_new_chat_is_refused_and_an_old_one_still_opens(start_app):
     app = start_app("--limit-conversations-per-minute", "2")
     client = app.client()
-    first = client.hello()["session_id"]
+    first = client.hello()["conversation_id"]
     client.hello()
     client.send("hello")
     error = refused([client.recv()])
     assert 50 <= error["retry_after"] <= 60
-    assert client.hello(first)["session_id"] == first
+    assert client.hello(first)["conversation_id"] == first
 
 
 def test_over_the_hellos_a_minute_limit_a_hello_is_refused_even_for_an_unknown_id(start_app):
     app = start_app("--limit-hellos-per-minute", "4")
     client = app.client()
-    first = client.hello()["session_id"]
-    assert client.hello(first)["session_id"] == first
-    client.send("hello", session_id="no-such-id")  # answered unknown_session, and counted
-    assert client.recv()["code"] == "unknown_session"
-    client.send("hello", session_id="no-such-id-either")
-    assert client.recv()["code"] == "unknown_session"
-    client.send("hello", session_id=first)
+    first = client.hello()["conversation_id"]
+    assert client.hello(first)["conversation_id"] == first
+    client.send("hello", conversation_id="no-such-id")  # answered unknown_conversation, and counted
+    assert client.recv()["code"] == "unknown_conversation"
+    client.send("hello", conversation_id="no-such-id-either")
+    assert client.recv()["code"] == "unknown_conversation"
+    client.send("hello", conversation_id=first)
     error = refused([client.recv()])
     assert 50 <= error["retry_after"] <= 60 and "opened 4 conversations" in error["message"]
     late = app.client()
@@ -124,7 +124,7 @@ def test_over_the_hellos_a_minute_limit_a_hello_is_refused_even_for_an_unknown_i
 
 def test_over_the_changes_a_minute_limit_a_change_gets_429_and_changes_nothing(start_app):
     app = start_app("--limit-changes-per-minute", "2")
-    session = app.client().hello()["session_id"]
+    session = app.client().hello()["conversation_id"]
     path = f"/api/conversations/{session}"
     assert call(app, "PATCH", path, {"title": "one"}).status == 200
     assert call(app, "DELETE", "/api/conversations/no-such-id").status == 404  # counted too

@@ -306,7 +306,7 @@ def test_without_weights_the_app_starts_and_says_how_to_fix_it(start_app, tmp_pa
 def test_a_conversation_can_pick_the_embedded_model_beside_a_remote_provider(start_app, fake):
     app = start_app("--max-tokens", "8")
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     assert client.turn("remote first")[-1]["usage"]["source"] == "provider"
     request = urllib.request.Request(
         f"{app.url}/api/conversations/{session}",

@@ -54,6 +54,7 @@ def test_the_title_node_names_a_new_conversation_once(fake, tmp_path):
     _, _, frames, stored = asyncio.run(run_one_turn(fake, tmp_path / "c.db", "Plan a   trip\nto Rome"))
     assert next(f for f in frames if f["type"] == "conversation") == {
         "type": "conversation",
+        "conversation_id": stored[0].id,
         "session_id": stored[0].id,
         "title": "Plan a trip to Rome",
         "model": "fake-model",

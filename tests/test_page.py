@@ -504,7 +504,7 @@ def test_export_downloads_the_conversation_as_markdown(page: Page, fake: FakeOpe
 
 def test_a_long_history_renders_every_message(page: Page, app: AppProcess, fake: FakeOpenAI):
     client = app.client()
-    session = page.evaluate("localStorage.getItem('pocketchat.session')")
+    session = page.evaluate("localStorage.getItem('pocketchat.conversation')")
     client.hello(session)
     for index in range(30):
         client.turn(f"message {index}")

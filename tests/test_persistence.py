@@ -19,7 +19,7 @@ pytestmark = pytest.mark.parametrize("mode", MODES, indirect=True)
 
 def test_history_survives_a_restart_on_the_same_database(app, fake):
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     first = client.turn("remember this")
     app.stop()
     app.start()
@@ -35,7 +35,7 @@ def test_history_survives_a_restart_on_the_same_database(app, fake):
 def test_a_shutdown_mid_turn_stores_the_partial_reply(app, fake):
     fake.queue(Reply(count=500, pace=0.02))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     client.send("message", content="long one")
     received = client.until("turn_start") + client.until("chunk")
     app.stop()
@@ -48,7 +48,7 @@ def test_a_shutdown_mid_turn_stores_the_partial_reply(app, fake):
 def test_a_crash_mid_turn_is_marked_interrupted_with_what_was_stored(app, fake, mode):
     fake.queue(Reply(count=200, pace=0.02))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     client.send("message", content="this will crash")
     client.until("turn_start")
     time.sleep(2.6)  # past the first checkpoint
@@ -68,7 +68,7 @@ def test_the_database_uses_wal_and_holds_both_messages_of_a_turn(app, fake, mode
     if mode != "single":
         pytest.skip("the SQLite file: one process only")
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     client.turn("stored")
     with sqlite3.connect(app.db_path) as db:
         assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -105,7 +105,7 @@ def test_a_full_disk_ends_the_turn_with_a_clear_error_and_loses_nothing_once_spa
         pytest.skip("a full disk under the SQLite file: PostgreSQL's faults are in tests/test_store.py")
     app = start_app("--db-path", str(small_disk / "chat.db"))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     assert client.turn("before the disk fills")[-1]["status"] == "complete"
     fill(small_disk)
     answer = ["a long answer that must not be lost. "] * 300

@@ -32,7 +32,7 @@ def test_hello_answers_ready_with_a_new_conversation(app):
     assert ready["protocol"] == 1
     assert ready["history"] == [] and "running" not in ready
     assert ready["model"] == "fake-model"
-    assert len(ready["session_id"]) >= 22  # 128 random bits, base64url
+    assert len(ready["conversation_id"]) >= 22  # 128 random bits, base64url
 
 
 def test_a_turn_streams_ordered_chunks_and_ends_with_stats(app, fake):
@@ -70,21 +70,21 @@ def test_a_message_before_hello_attaches_a_new_conversation(app):
 
 def test_hello_switches_conversations_on_one_socket(app):
     client = app.client()
-    first = client.hello()["session_id"]
+    first = client.hello()["conversation_id"]
     client.turn("in the first")
-    second = client.hello()["session_id"]
+    second = client.hello()["conversation_id"]
     assert second != first
     back = client.hello(first)
-    assert back["session_id"] == first
+    assert back["conversation_id"] == first
     assert [m["content"] for m in back["history"]] == ["in the first", "tok1 tok2 tok3 tok4 tok5 "]
 
 
 def test_hello_again_for_the_same_conversation_keeps_one_copy_and_one_stream(app, fake):
     fake.queue(Reply(tokens=["idle"]), Reply(count=40, pace=0.02), Reply(tokens=["after"]))
     tab = app.client()
-    session = tab.hello()["session_id"]
+    session = tab.hello()["conversation_id"]
     tab.turn("first")
-    assert tab.hello(session)["session_id"] == session  # again while idle: nothing else changes
+    assert tab.hello(session)["conversation_id"] == session  # again while idle: nothing else changes
     tab.send("message", content="second")
     first_chunks = tab.until("chunk")
     again = tab.hello(session)  # and again mid-turn, as the page does to resync
@@ -108,7 +108,7 @@ def test_after_a_rehello_a_second_tab_cannot_start_a_second_turn(app, fake, stor
     """A hello again keeps the one copy: a stored conversation (let go at once when idle) as well as a
     new one (kept for ten minutes)."""
     tab = app.client()
-    session = tab.hello()["session_id"]
+    session = tab.hello()["conversation_id"]
     if stored:
         assert tab.turn("store it first")[-1]["status"] == "complete"
     fake.queue(Reply(count=40, pace=0.02))
@@ -125,12 +125,12 @@ def test_after_a_rehello_a_second_tab_cannot_start_a_second_turn(app, fake, stor
 
 def test_a_new_conversation_survives_its_socket_dropping_before_any_message(app):
     first = app.client()
-    session = first.hello()["session_id"]
+    session = first.hello()["conversation_id"]
     first.close()
     time.sleep(0.3)
     again = app.client()
     ready = again.hello(session)
-    assert ready["session_id"] == session and ready["history"] == []
+    assert ready["conversation_id"] == session and ready["history"] == []
     assert again.turn("now I write")[-1]["status"] == "complete"
 
 
@@ -165,11 +165,11 @@ def test_frames_before_hello_other_than_message_create_nothing(app, fake):
     assert app.get("/api/conversations")["conversations"] == [] and fake.chat_requests == []
 
 
-def test_unknown_session_is_an_error_and_the_socket_stays_usable(app):
+def test_unknown_conversation_is_an_error_and_the_socket_stays_usable(app):
     client = app.client()
-    client.send("hello", session_id="no-such-conversation")
+    client.send("hello", conversation_id="no-such-conversation")
     error = client.recv()
-    assert error["type"] == "error" and error["code"] == "unknown_session"
+    assert error["type"] == "error" and error["code"] == "unknown_conversation"
     assert client.hello()["type"] == "ready"
 
 
@@ -179,7 +179,7 @@ def test_unknown_session_is_an_error_and_the_socket_stays_usable(app):
 def test_two_sockets_on_one_conversation_see_the_same_stream(app, fake):
     fake.queue(Reply(count=20, pace=0.01))
     a, b = app.client(), app.client()
-    session = a.hello()["session_id"]
+    session = a.hello()["conversation_id"]
     b.hello(session)
     a_frames = a.turn("hello both")
     b_frames = b.until("turn_end")
@@ -190,7 +190,7 @@ def test_two_sockets_on_one_conversation_see_the_same_stream(app, fake):
 def test_a_turn_runs_to_its_end_when_every_socket_has_gone(app, fake):
     fake.queue(Reply(count=30, pace=0.02))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     client.send("message", content="keep going without me")
     client.until("chunk")
     client.close()
@@ -212,7 +212,7 @@ def test_a_turn_runs_to_its_end_when_every_socket_has_gone(app, fake):
 def test_reload_mid_turn_gives_a_byte_identical_transcript(app, fake):
     fake.queue(Reply(count=60, pace=0.02))
     watcher, leaver = app.client(), app.client()
-    session = watcher.hello()["session_id"]
+    session = watcher.hello()["conversation_id"]
     leaver.hello(session)
     leaver.send("message", content="a long answer please")
     for _ in range(10):
@@ -258,7 +258,7 @@ def test_a_message_while_a_turn_runs_is_refused_and_the_turn_is_untouched(app, f
 def test_stop_hangs_up_on_the_provider_and_stores_the_partial_reply(app, fake):
     fake.queue(Reply(count=200, pace=0.02))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     client.send("message", content="go on forever")
     start = client.until("turn_start")[-1]
     received = client.until("chunk")
@@ -299,7 +299,7 @@ def assert_failed_turn(app, client, session, frames, status=None):
 def test_an_http_error_is_retried_before_the_first_chunk_then_reported(app, fake):
     fake.queue(*[Reply(status=503, message="Overloaded, try later")] * 3)
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     frames = client.turn("hi")
     error = assert_failed_turn(app, client, session, frames, status=503)
     assert "Overloaded, try later" in error["message"]
@@ -332,7 +332,7 @@ def test_a_retry_that_succeeds_sends_every_chunk_once(app, fake):
 def test_a_client_error_is_not_retried_and_the_key_never_leaks(app, fake):
     fake.queue(Reply(status=401, message=f"Incorrect API key provided: {API_KEY}."))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     frames = client.turn("hi")
     error = assert_failed_turn(app, client, session, frames, status=401)
     assert "Incorrect API key provided" in error["message"]
@@ -346,7 +346,7 @@ def test_a_client_error_is_not_retried_and_the_key_never_leaks(app, fake):
 def test_a_stream_cut_in_the_middle_keeps_the_partial_reply(app, fake):
     fake.queue(Reply(count=10, cut_after=4))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     frames = client.turn("hi")
     assert reply_text(frames) == "tok1 tok2 tok3 tok4 "
     error = assert_failed_turn(app, client, session, frames)
@@ -357,7 +357,7 @@ def test_a_stream_cut_in_the_middle_keeps_the_partial_reply(app, fake):
 def test_a_chunk_the_app_cannot_read_is_a_provider_error(app, fake):
     fake.queue(Reply(raw=['{"choices": [{"index": 0, "delta": {"content": 42}}]}']))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     frames = client.turn("hi")
     error = assert_failed_turn(app, client, session, frames)
     assert "cannot read" in error["message"]
@@ -368,7 +368,7 @@ def test_a_surrogate_pair_split_across_chunks_arrives_whole_and_is_stored(app, f
     halves = [line % ("smile \\ud83d", "null"), line % ("\\ude00, and \\udc00 alone", "null"), line % ("", '"stop"')]
     fake.queue(Reply(raw=halves))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     frames = client.turn("hi")
     assert frames[-1]["status"] == "complete"
     assert reply_text(frames) == "smile \U0001f600, and \ufffd alone"
@@ -383,7 +383,7 @@ def test_a_stalled_stream_fails_after_the_idle_limit(start_app, fake):
     app = start_app("--idle-limit", "0.5")
     fake.queue(Reply(count=10, stall_after=3))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     frames = client.turn("hi")
     error = assert_failed_turn(app, client, session, frames)
     assert "sent nothing for 0.5 s" in error["message"]
@@ -394,7 +394,7 @@ def test_a_stalled_stream_fails_after_the_idle_limit(start_app, fake):
 def test_a_refused_connection_is_a_provider_error(start_app, fake):
     app = start_app("--base-url", "http://127.0.0.1:9/v1", "--model", "any", "--retries", "2")
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     frames = client.turn("hi")
     error = assert_failed_turn(app, client, session, frames)
     assert "Could not reach the provider at http://127.0.0.1:9/v1" in error["message"]
@@ -425,7 +425,7 @@ def test_a_server_failure_outside_a_turn_closes_the_socket_with_1011_and_the_ser
     if mode != "single":
         pytest.skip("breaks the SQLite file: one process only")
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     assert client.turn("hi")[-1]["status"] == "complete"
     app.stop()
     app.start()
@@ -434,7 +434,7 @@ def test_a_server_failure_outside_a_turn_closes_the_socket_with_1011_and_the_ser
     garbage.write_bytes(b"not a database " * 100)
     os.replace(garbage, app.db_path)
     broken = app.client()
-    broken.send("hello", session_id=session)
+    broken.send("hello", conversation_id=session)
     with pytest.raises(ConnectionClosedError) as closed:
         broken.recv()
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
@@ -455,7 +455,7 @@ def test_a_server_failure_outside_a_turn_closes_the_socket_with_1011_and_the_ser
         ('{"type": "message"}', "bad_frame", "'content'"),
         ('{"type": "message", "content": 42}', "bad_frame", "'content'"),
         ('{"type": "message", "content": "   \\n "}', "bad_frame", "must not be empty"),
-        ('{"type": "hello", "session_id": 7}', "bad_frame", "'session_id'"),
+        ('{"type": "hello", "conversation_id": 7}', "bad_frame", "'conversation_id'"),
         ('{"type": "stop", "turn_id": []}', "bad_frame", "'turn_id'"),
         ("[" * 100_000 + "]" * 100_000, "bad_frame", "nested too deeply"),
         ('{"type": "message", "content": "\\ud83d"}', "bad_frame", "lone surrogate"),
@@ -466,7 +466,7 @@ def test_a_server_failure_outside_a_turn_closes_the_socket_with_1011_and_the_ser
 )
 def test_bad_input_gets_an_error_and_changes_nothing(app, fake, raw, code, says):
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     client.send_raw(raw)
     error = client.recv()
     assert error["type"] == "error" and error["code"] == code and says in error["message"]
@@ -507,7 +507,7 @@ def test_a_page_on_another_name_for_this_server_is_refused(app):
 def test_logs_hold_neither_message_texts_nor_whole_conversation_ids(app, fake):
     fake.queue(Reply(tokens=["a secret plan"]))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     client.turn("my private question")
     app.get(f"/api/conversations/{session}")
     app.stop()
@@ -518,7 +518,7 @@ def test_logs_hold_neither_message_texts_nor_whole_conversation_ids(app, fake):
 
 def test_conversation_ids_are_random_and_long(app):
     client = app.client()
-    ids = {client.hello()["session_id"] for _ in range(50)}
+    ids = {client.hello()["conversation_id"] for _ in range(50)}
     assert len(ids) == 50
     assert all(len(i) >= 22 and i.replace("-", "").replace("_", "").isalnum() for i in ids)
 
@@ -534,7 +534,7 @@ def test_the_server_binds_to_loopback_unless_told_otherwise(app):
 def test_regenerate_replaces_the_last_reply_in_a_new_turn(app, fake):
     fake.queue(Reply(tokens=["first"]), Reply(tokens=["second"]))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     question = client.turn("question")[0]["message"]
     client.send("regenerate")
     frames = client.until("turn_end")
@@ -548,7 +548,7 @@ def test_regenerate_replaces_the_last_reply_in_a_new_turn(app, fake):
 def test_edit_replaces_the_last_user_message_and_its_reply(app, fake):
     fake.queue(Reply(tokens=["about cats"]), Reply(tokens=["about dogs"]))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     original = client.turn("cats?")[0]["message"]
     client.send("edit", message_id=original["id"], content="dogs?")
     frames = client.until("turn_end")
@@ -577,10 +577,19 @@ def test_regenerate_and_edit_refuse_what_they_cannot_do(app, fake):
 def test_reasoning_streams_in_chunks_and_stays_in_the_history(app, fake):
     fake.queue(Reply(reasoning=["Let me ", "think."], tokens=["Done."]))
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     frames = client.turn("why?")
     reasoning = [f["reasoning"] for f in frames if f["type"] == "chunk" and "reasoning" in f]
     assert reasoning == ["Let me ", "think."]
     assert reply_text(frames) == "Done."
     reply = app.client().hello(session)["history"][1]
     assert (reply["reasoning"], reply["content"]) == ("Let me think.", "Done.")
+
+
+def test_the_deprecated_session_id_still_opens_a_conversation_and_is_still_sent(app):
+    first = app.client()
+    ready = first.hello()
+    assert ready["session_id"] == ready["conversation_id"]
+    again = app.client()
+    again.send("hello", session_id=ready["conversation_id"])
+    assert again.until("ready")[-1]["conversation_id"] == ready["conversation_id"]

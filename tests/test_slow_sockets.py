@@ -72,7 +72,7 @@ class StalledSocket:
 
 async def follow_turn(url: str, session: str) -> list[dict]:
     async with connect_async(url, max_size=None) as ws:
-        await ws.send(json.dumps({"type": "hello", "session_id": session}))
+        await ws.send(json.dumps({"type": "hello", "conversation_id": session}))
         frames, renamed = [], False
         while not (frames and frames[-1]["type"] == "turn_end" and renamed):
             frame = json.loads(await asyncio.wait_for(ws.recv(), 30))
@@ -88,9 +88,9 @@ def test_a_socket_that_reads_nothing_holds_up_neither_100_others_nor_a_rename_no
     app = start_app("--send-timeout", "60")  # the stalled socket stays attached all along
     fake.queue(Reply(tokens=[BIG_TOKEN] * 1500, pace=0.001))
     starter = app.client()
-    session = starter.hello()["session_id"]
+    session = starter.hello()["conversation_id"]
     stalled = StalledSocket(app)
-    stalled.send({"type": "hello", "session_id": session})
+    stalled.send({"type": "hello", "conversation_id": session})
 
     async def scenario() -> list[list[dict]]:
         followers = [asyncio.create_task(follow_turn(app.ws_url, session)) for _ in range(100)]
@@ -118,10 +118,10 @@ def test_a_socket_that_falls_behind_is_closed_with_1013_and_its_client_resumes(s
     app = start_app("--send-timeout", "1")
     fake.queue(Reply(tokens=[BIG_TOKEN] * 2000, pace=0.002))
     opener = app.client()
-    session = opener.hello()["session_id"]
+    session = opener.hello()["conversation_id"]
     opener.close()  # the new conversation is kept for the stalled socket to say hello to
     stalled = StalledSocket(app)
-    stalled.send({"type": "hello", "session_id": session})
+    stalled.send({"type": "hello", "conversation_id": session})
     stalled.send({"type": "message", "content": "a long answer, which I will not read"})
     wait_for(lambda: "closing a WebSocket that fell behind" in app.logs(), timeout=30)
     frames, code = stalled.read_until_closed()
@@ -160,7 +160,7 @@ def test_a_client_that_floods_frames_and_reads_nothing_is_closed_and_the_server_
 def test_hellos_a_client_never_reads_do_not_make_the_server_hold_hundreds_of_megabytes(start_app):
     app = start_app()  # the default --send-timeout: 10 s
     client = app.client()
-    session = client.hello()["session_id"]
+    session = client.hello()["conversation_id"]
     for i in range(4):  # about 1 MB of history: each `ready` carries all of it
         assert client.turn(f"{i} " + "x" * 250_000)[-1]["status"] == "complete"
     client.close()
@@ -169,7 +169,7 @@ def test_hellos_a_client_never_reads_do_not_make_the_server_hold_hundreds_of_meg
     stalled = StalledSocket(app)
     with contextlib.suppress(OSError):
         for _ in range(255):  # about 15 KB sent in all
-            stalled.send({"type": "hello", "session_id": session})
+            stalled.send({"type": "hello", "conversation_id": session})
     wait_for(lambda: "closing a WebSocket that fell behind (over 8 MiB waiting)" in app.logs())
     grown = (server.memory_info().rss - before) / 2**20
     assert grown < 64, f"the server grew by {grown:.0f} MiB"

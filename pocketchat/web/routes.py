@@ -87,7 +87,7 @@ async def borrowed(request: Request, conversation_id: str) -> AsyncIterator[Conv
     try:
         async with chat_state(request.app).hub.borrow(conversation_id, user_of(request)) as conversation:
             yield conversation
-    except protocol.UnknownSession as error:
+    except protocol.UnknownConversation as error:
         raise HTTPException(404, error.message) from None
     except (StorageError, Unavailable) as error:
         raise HTTPException(503, error.message) from None

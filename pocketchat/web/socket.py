@@ -226,7 +226,7 @@ class Client:
 
     async def handle(self, frame: protocol.ClientFrame) -> None:
         if isinstance(frame, protocol.Hello):
-            await self.hello(frame.session_id)
+            await self.hello(frame.conversation)
             return
         conversation = self.conversation
         if isinstance(frame, protocol.Stop):
@@ -247,15 +247,15 @@ class Client:
             begin = functools.partial(conversation.begin_edit, frame.message_id, frame.content)
         await begin_turn(self.state, conversation, begin, self.user)
 
-    async def hello(self, session_id: str | None) -> Conversation:
+    async def hello(self, conversation_id: str | None) -> Conversation:
         state = self.state
         await state.limits.take_hello(self.user)  # unknown ids too: each costs a lookup
-        if session_id:
-            conversation = await state.hub.open(session_id, self.user)
+        if conversation_id:
+            conversation = await state.hub.open(conversation_id, self.user)
         else:
             conversation = await state.new_conversation(self.user)
         self._attach(conversation)  # before sharing it: a socket that closes meanwhile lets it go as usual
-        if not session_id:
+        if not conversation_id:
             await state.hub.share(conversation)  # before `ready` tells its id
         ready, log, after_seq = conversation.ready_frame(self.state.provider.describe())
         self.send_text(ready)
