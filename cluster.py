@@ -32,7 +32,16 @@ from utils.limits import Lease, Limits, LocalCounters, Taken
 from utils.messages import ConversationRecord, Message, new_id
 from utils.protocol import Unavailable
 from utils.redis_limits import RedisCounters
-from utils.redis_log import LEASE_MS, RENEW_SECONDS, Copier, Fenced, ProducedLog, RedisLink
+from utils.redis_log import (
+    LEASE_MS,
+    RENEW_SECONDS,
+    TAKEN_OVER,
+    Copier,
+    Fenced,
+    ProducedLog,
+    RedisLink,
+    takeover_frames,
+)
 from utils.settings import Settings
 from utils.store import Store
 from utils.turn_log import InProcessTurnLog, TurnLog, parse_key
@@ -45,7 +54,6 @@ READ_GATHER_SECONDS = 0.005  # a follower is this much later, and reads many ent
 UNSTORED_KEEP = int(UNSTORED_KEEP_SECONDS)
 DELETE_MS = 30_000  # a deleted conversation's lease is held this long: no turn starts on it meanwhile
 LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
-TAKEN_OVER = "The replica writing this reply stopped; the reply so far is kept."
 
 
 class SingleProcess:
@@ -243,6 +251,7 @@ class Cluster:
         if (produced := self._produced.get(turn_id)) is None:
             return
         turn = produced[0]
+        turn.fenced = turn.fenced or isinstance(error, Fenced)  # its record is the other replica's to write
         if turn.failure is None:
             logger.warning("turn %s lost Redis: %s", turn_id, error)
             turn.failure = TAKEN_OVER if isinstance(error, Fenced) else LOST_REDIS.format(error)
@@ -480,8 +489,7 @@ class Cluster:
         """End a turn whose producer is gone, if nobody has (the script lets one replica only), and
         store what it streamed, marked interrupted."""
         self._elsewhere.pop(turn_id, None)
-        error = protocol.encode(protocol.error(protocol.ProtocolError(TAKEN_OVER, turn_id)))
-        end = protocol.encode(protocol.turn_end(turn_id, "interrupted", reply_id, {}))
+        error, end = takeover_frames(turn_id, reply_id)
         if await self.link.take_over(turn_id, conversation_id, replica, error, end) is None:
             return  # it ended the usual way
         logger.warning("turn %s was abandoned by its replica; ended it as interrupted", turn_id)

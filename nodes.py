@@ -92,6 +92,11 @@ class StreamChat(AsyncNode):
             raise outcome.bug  # main.run_turn records the turn as failed and logs the traceback
         conversation: Conversation = shared["conversation"]
         turn: Turn = shared["turn"]
+        # With replicas, another replica may have ended this turn while this one was paused, and stored
+        # it as its sockets saw it: then this replica keeps that, and writes nothing over it.
+        if not await request.channel.confirm() or turn.fenced:
+            conversation.history.append(turn.reply_taken_over())
+            return "default"
         reply = turn.reply_so_far()
         reply.status = outcome.status
         reply.meta = _reply_stats(request, outcome, reply.content + reply.reasoning, turn.started_at)

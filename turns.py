@@ -82,6 +82,11 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
 
 async def fail_turn(state: AppState, conversation: Conversation, turn: Turn, why: str) -> None:
     """Record a turn cut short (by a bug, or Redis lost), keeping what streamed, and tell the client."""
+    if turn.fenced:
+        # Another replica ended it and stored it; its log here already ends as it does there.
+        if not any(message is turn.reply for message in conversation.history):
+            conversation.history.append(turn.reply_taken_over())
+        return
     turn.reply_so_far()
     turn.reply.status, turn.reply.error = "error", why
     if not any(message is turn.reply for message in conversation.history):
@@ -98,6 +103,6 @@ async def checkpoint_reply(store: Store, conversation_id: str, turn: Turn) -> No
     saved_seq = 0
     while True:
         await asyncio.sleep(CHECKPOINT_SECONDS)
-        if turn.log.seq != saved_seq and turn.reply.status == "streaming":
+        if turn.log.seq != saved_seq and turn.reply.status == "streaming" and not turn.fenced:
             saved_seq = turn.log.seq
             store.checkpoint(conversation_id, turn.reply_so_far())

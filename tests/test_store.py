@@ -578,3 +578,23 @@ def test_shutdown_is_bounded_when_the_server_stops_answering(fresh_postgres_url,
     assert failure == "TimeoutError"
     assert refused_after < 2 and closed_after < 3
     assert "2 writes could not be saved before shutdown" in caplog.text
+
+
+def test_a_final_reply_is_never_written_over_only_a_streaming_one_is(store):
+    """A producer paused past its lease wakes up and writes its reply (a checkpoint, its final save) after
+    the replica that took the turn over stored it interrupted: the stored reply stays as it is."""
+
+    async def scenario():
+        async with opened(store) as db:
+            record = ConversationRecord(model="m", system_prompt="")
+            reply = Message(role="assistant", content="", status="streaming")
+            await db.open_turn(record.id, record, [reply], [])
+            db.checkpoint(record.id, Message(**{**reply.__dict__, "content": "so far"}))
+            await db.save_interrupted(record.id, Message(**{**reply.__dict__, "content": "so far, and a bit"}))
+            db.checkpoint(record.id, Message(**{**reply.__dict__, "content": "so far, and a bit more"}))
+            woken = Message(**{**reply.__dict__, "content": "so far, and a lot more", "status": "error"})
+            await db.save_messages(record.id, [woken])
+            _, messages = await db.load(record.id)
+            return [(m.content, m.status) for m in messages]
+
+    assert asyncio.run(scenario()) == [("so far, and a bit", "interrupted")]

@@ -57,6 +57,9 @@ class Turn:
     started_at: float = field(default_factory=time.monotonic)
     task: asyncio.Task[None] | None = None
     failure: str | None = None  # why the turn could not go on (Redis lost, with replicas)
+    # With replicas: another replica ended this turn (this one looked dead), and stored it as its
+    # sockets saw it; the turn's record is no longer this replica's to write.
+    fenced: bool = False
     error_kind: str | None = None  # what failed the provider, if it failed (for /metrics)
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set when it has ended, here or elsewhere
 
@@ -65,6 +68,13 @@ class Turn:
         snapshot = self.log.snapshot()
         self.reply.content, self.reply.reasoning = snapshot["content"], snapshot["reasoning"]
         return self.reply
+
+    def reply_taken_over(self) -> Message:
+        """The reply of a fenced turn, as the replica that took it over stored it: what reached the
+        shared log, interrupted."""
+        reply = self.reply_so_far()
+        reply.status, reply.error = "interrupted", self.failure
+        return reply
 
 
 class Conversation:

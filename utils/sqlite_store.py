@@ -68,11 +68,15 @@ CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """,
 ]
 
+# A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
+# replica that took its turn over) no later write changes it: a producer that was paused past its lease
+# and wakes up cannot write its longer reply over what the other replica stored.
 UPSERT_MESSAGE = """
 INSERT INTO messages (id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT(id) DO UPDATE SET content=excluded.content, reasoning=excluded.reasoning,
     status=excluded.status, error=excluded.error, meta=excluded.meta
+WHERE messages.status = 'streaming'
 """
 
 
