@@ -152,7 +152,7 @@ class InProcessTurnLog:
 
     def close(self) -> None:
         self._closed = True
-        self._grown.set()
+        self._wake()  # a follower waiting for held-back entries waits on the next event, not this one
 
     async def confirm(self) -> bool:
         return True  # one process: nobody else can take its turns
