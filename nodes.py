@@ -4,6 +4,7 @@ Nodes never touch a socket: what the browser should see goes to `shared["channel
 log, which every attached socket follows.
 """
 
+import asyncio
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,12 @@ from utils.messages import Status
 from utils.prompt import build_prompt, estimate_tokens
 from utils.protocol import ProviderError, StorageError
 from utils.turn_log import TurnLog
+
+SAVE_WAIT_SECONDS = 2.0  # how long a turn's end waits for its reply to be saved before it goes on
+NOT_SAVED_YET = (
+    "The database has not saved this reply yet (it does not answer). The reply is kept and will be saved "
+    "when the database answers."
+)
 
 
 @dataclass
@@ -107,13 +114,19 @@ class StreamChat(AsyncNode):
             request.channel.append(protocol.error(outcome.error))
         conversation.history.append(reply)
         try:
-            await shared["store"].save_messages(conversation.id, [reply])
+            # The turn does not wait on a database that does not answer: past SAVE_WAIT_SECONDS the
+            # client hears turn_end, told the reply will be saved, and the queued write lands later.
+            await asyncio.wait_for(
+                asyncio.shield(shared["store"].save_messages(conversation.id, [reply])), SAVE_WAIT_SECONDS
+            )
         except StorageError as error:
             # The reply stays in the history, and the store writes it when the database recovers.
             error.message += " The reply is kept and will be saved when the database works again."
             error.turn_id = turn.id
             reply.status, reply.error = "error", reply.error or error.message
             request.channel.append(protocol.error(error))
+        except TimeoutError:
+            request.channel.append(protocol.error(StorageError(NOT_SAVED_YET, turn.id)))
         return "default"
 
 

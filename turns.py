@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flow import create_chat_flow
+from nodes import SAVE_WAIT_SECONDS
 from state import AppState
 from utils import protocol
 from utils.conversations import Conversation, Turn, TurnIds
@@ -45,8 +46,9 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
     }
     # The user message and an empty reply marked `streaming` are queued for the database first, so a
     # crash leaves a turn that start-up marks interrupted. Waiting for that write would delay the
-    # first chunk under load; every later write of the turn is queued after it anyway.
-    opened = state.hub.open_turn(conversation, turn)
+    # first chunk under load; every later write of the turn is queued after it anyway, and the turn's
+    # end waits (for a bounded time) for its last write only. The store logs a write that fails.
+    state.hub.open_turn(conversation, turn)
     checkpoints = asyncio.create_task(checkpoint_reply(state.store, conversation.id, turn))
     try:
         await state.coordinator.started(conversation, turn, lease)
@@ -58,7 +60,6 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         await fail_turn(state, conversation, turn, "PocketChat failed while writing this reply; see the server log.")
     finally:
         checkpoints.cancel()
-        await asyncio.gather(opened, return_exceptions=True)  # a failed write is logged by the store
         reply = turn.reply
         stats = {k: reply.meta.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
         # Counted out before its end is seen: the user's next message must not find it still running.
@@ -93,7 +94,12 @@ async def fail_turn(state: AppState, conversation: Conversation, turn: Turn, why
         conversation.history.append(turn.reply)
     turn.log.append(protocol.error(ProtocolError(turn.reply.error, turn.id)))
     try:
-        await state.store.save_messages(conversation.id, [turn.reply])
+        # Bounded: turn_end does not wait on a database that does not answer; the write lands later.
+        await asyncio.wait_for(
+            asyncio.shield(state.store.save_messages(conversation.id, [turn.reply])), SAVE_WAIT_SECONDS
+        )
+    except TimeoutError:
+        logger.warning("turn %s: its failed reply is not saved yet; it will be when the database answers", turn.id)
     except Exception:
         logger.exception("could not record failed turn %s", turn.id)
 

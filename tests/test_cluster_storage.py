@@ -7,16 +7,24 @@ proxy where it fails), real nginx, real signals."""
 # ruff: noqa: F811
 
 import asyncio
+import json
 import os
 import signal
-from collections.abc import Iterator
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import asyncpg
+import pytest
 
-from tests.conftest import AppProcess, reply_text
+from tests.cluster import sign_in
+from tests.conftest import AppProcess, ChatClient, reply_text
 from tests.fake_openai import FakeOpenAI, Reply
+from tests.services import FaultProxy, database_name
 from tests.test_cluster import (  # noqa: F401 (fixtures)
     another_replica,
     balancer,
@@ -97,3 +105,182 @@ def test_a_producer_paused_past_its_lease_wakes_fenced_its_clients_see_what_the_
     # And a socket that opens the conversation on A now gets what PostgreSQL has.
     history = client(a.ws_url, cookie).hello(session)["history"]
     assert (history[-1]["content"], history[-1]["status"]) == (reply_text(b_all), "interrupted")
+
+
+# 5. A replica frozen inside a transaction costs the others seconds, not their one writer
+
+
+def writers_waiting_on_a_lock(url: str) -> int:
+    sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND application_name = 'pocketchat-writer'"
+        " AND wait_event_type = 'Lock'"
+    )
+    return query(url, sql, database_name(url))[0][0]
+
+
+def idle_in_transaction(url: str) -> int:
+    sql = "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND state = 'idle in transaction'"
+    return query(url, sql, database_name(url))[0][0]
+
+
+def change(app: AppProcess, cookie: str, session: str, **fields: str) -> int:
+    """PATCH the conversation through `app`; the answer's status."""
+    request = urllib.request.Request(
+        f"{app.url}/api/conversations/{session}",
+        data=json.dumps(fields).encode(),
+        method="PATCH",
+        headers={"Content-Type": "application/json", "Cookie": cookie},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as answer:
+            return answer.status
+    except urllib.error.HTTPError as answer:
+        answer.close()
+        return answer.code
+
+
+class Background:
+    """A blocking call run on a thread of its own: `result()` waits for it."""
+
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self._outcome: list[Any] = []
+        self._thread = threading.Thread(target=lambda: self._outcome.append(call()), daemon=True)
+        self._thread.start()
+
+    def result(self, timeout: float = 30) -> Any:
+        self._thread.join(timeout)
+        assert self._outcome, "the call did not return in time"
+        return self._outcome[0]
+
+
+def test_a_replica_frozen_inside_a_transaction_costs_the_others_seconds_not_their_writer(replicas, cookie, shared):
+    a, b = replicas
+    url = shared["POCKETCHAT_DATABASE_URL"]
+    first = client(a.ws_url, cookie)
+    session = first.hello()["session_id"]
+    first.turn("a stored conversation, with a row both replicas will write")
+
+    async def freeze_a_inside_a_transaction() -> None:
+        # A's writer is made to wait on a lock held here, A is paused while it waits, and the lock is let
+        # go: A's UPDATE then completes, and its transaction stays open, holding the row, for as long
+        # as A is paused (as when SIGSTOP lands between two statements of a transaction).
+        locker = await asyncpg.connect(url, timeout=5)
+        try:
+            async with locker.transaction():
+                await locker.execute("SELECT 1 FROM conversations WHERE id = $1 FOR UPDATE", session)
+                renaming.append(Background(lambda: change(a, cookie, session, title="Renamed on A")))
+                await asyncio.to_thread(wait_for, lambda: writers_waiting_on_a_lock(url) == 1)
+                os.kill(a.process.pid, signal.SIGSTOP)
+        finally:
+            await locker.close()
+
+    renaming: list[Background] = []
+    asyncio.run(freeze_a_inside_a_transaction())
+    try:
+        wait_for(lambda: idle_in_transaction(url) == 1, timeout=2)
+        healths: list[int] = []
+        watching = Background(lambda: [healths.append(health(b)[0]) or time.sleep(0.02) for _ in range(150)])
+        # B writes the same row (its writer waits behind A's lock), then serves an unrelated new chat.
+        prompting = Background(lambda: change(b, cookie, session, system_prompt="Changed on B"))
+        wait_for(lambda: writers_waiting_on_a_lock(url) == 1, timeout=5)
+        unrelated = client(b.ws_url, cookie)
+        unrelated.hello()
+        started = time.monotonic()
+        frames = unrelated.turn("nothing to do with the frozen replica")
+        took = time.monotonic() - started
+        assert took < 4, f"an unrelated turn on B took {took:.1f} s behind a frozen replica's lock"
+        assert frames[-1]["status"] == "complete"
+        assert not [f for f in frames if f["type"] == "error"], "its reply was not saved in time"
+        # The server ends the frozen replica's session, and with it its locks.
+        wait_for(lambda: idle_in_transaction(url) == 0, timeout=6)
+        watching.result()
+        assert 503 in healths, "B's /healthz said nothing while its writer waited on a lock"
+        prompting.result()
+    finally:
+        os.kill(a.process.pid, signal.SIGCONT)
+    renaming[0].result()
+    wait_for(lambda: health(b)[0] == 200 and health(a)[0] == 200, timeout=20)
+    reply_id = frames[-1]["message_id"]
+    wait_for(lambda: stored_reply(url, reply_id) == (reply_text(frames), "complete"), timeout=10)
+
+
+# 14. A PostgreSQL stall: /healthz says so within seconds, and turn_end does not wait for it
+
+
+def timed_until(socket: ChatClient, kind: str, timeout: float = 30) -> list[tuple[float, dict]]:
+    """Every frame up to the next one of `kind`, each with when it arrived."""
+    seen = []
+    deadline = time.monotonic() + timeout
+    while not seen or seen[-1][1]["type"] != kind:
+        frame = socket.recv(max(deadline - time.monotonic(), 0.01))
+        seen.append((time.monotonic(), frame))
+    return seen
+
+
+def test_a_postgresql_stall_fails_healthz_within_seconds_and_turn_end_does_not_wait_for_the_database(
+    another_replica, fake, fault_proxy, shared
+):
+    url = shared["POCKETCHAT_DATABASE_URL"]
+    proxy: FaultProxy = fault_proxy(url)
+    app = another_replica(POCKETCHAT_DATABASE_URL=proxy.url(url))
+    socket = client(app.ws_url, sign_in(app.url))
+    socket.hello()
+    assert socket.turn("before the stall")[-1]["status"] == "complete"
+    fake.queue(Reply(count=60, pace=0.02))
+    socket.send("message", content="a reply that ends while PostgreSQL stalls")
+    first = socket.until("chunk")
+    proxy.stall()
+    stalled = time.monotonic()
+    wait_for(lambda: health(app)[0] == 503, timeout=15)
+    noticed = time.monotonic() - stalled
+    frames = timed_until(socket, "turn_end")
+    last_chunk = max(at for at, frame in frames if frame["type"] == "chunk")
+    waited = frames[-1][0] - last_chunk
+    try:
+        assert noticed < 3.5, f"/healthz said 200 for {noticed:.1f} s into the stall"
+        assert waited < 3.5, f"turn_end came {waited:.1f} s after the last chunk"
+        told = [frame for _, frame in frames if frame["type"] == "error"]
+        assert [f["code"] for f in told] == ["storage_error"] and "will be saved" in told[0]["message"], told
+        assert frames[-1][1]["status"] == "complete"
+    finally:
+        proxy.heal()
+    wait_for(lambda: health(app)[0] == 200, timeout=30)
+    reply = first + [frame for _, frame in frames]
+    wait_for(lambda: stored_reply(url, reply[-1]["message_id"]) == (reply_text(reply), "complete"), timeout=10)
+
+
+# 11. A PostgreSQL outage: hello for a conversation not in memory says `unavailable`, and the socket stays
+
+
+def open_sockets(app: AppProcess) -> float:
+    with urllib.request.urlopen(app.url + "/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith("pocketchat_open_sockets ")))
+
+
+@pytest.mark.parametrize("fault", ["cut", "stall"])
+def test_hello_during_a_postgresql_outage_answers_unavailable_at_once_and_keeps_the_socket(
+    another_replica, fault_proxy, shared, fault
+):
+    url = shared["POCKETCHAT_DATABASE_URL"]
+    proxy: FaultProxy = fault_proxy(url)
+    app = another_replica(POCKETCHAT_DATABASE_URL=proxy.url(url))
+    cookie = sign_in(app.url)
+    first = client(app.ws_url, cookie)
+    session = first.hello()["session_id"]
+    first.turn("stored, then out of memory")
+    first.close()
+    wait_for(lambda: open_sockets(app) == 0)  # its last socket gone: the conversation leaves memory
+    socket = client(app.ws_url, cookie)  # signed in before the outage
+    getattr(proxy, fault)()
+    try:
+        asked = time.monotonic()
+        socket.send("hello", session_id=session)
+        answer = socket.recv(15)
+        took = time.monotonic() - asked
+        assert (answer["type"], answer.get("code")) == ("error", "unavailable"), answer
+        assert took < 5, f"answered after {took:.1f} s"
+        assert socket.hello()["type"] == "ready"  # the same socket, still served: a new chat needs no database
+    finally:
+        proxy.heal()
+    assert socket.hello(session)["history"][0]["content"] == "stored, then out of memory"

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from utils.messages import ConversationRecord, Message
-from utils.protocol import StorageError
+from utils.protocol import StorageError, Unavailable
 from utils.sqlite_store import MAX_UNWRITTEN, RETRY_SECONDS, session_hash
 
 logger = logging.getLogger(__name__)
@@ -32,6 +32,19 @@ CONNECT_TIMEOUT = 5.0  # seconds to reach the server; an unreachable one fails a
 COMMAND_TIMEOUT = 10.0  # seconds a statement may take before the batch counts as refused
 START_TIMEOUT = 300.0  # seconds for start-up statements: waiting for another replica's migration, the sweep
 CLOSE_TIMEOUT = 15.0  # seconds close() waits for the writer before it gives up on what is left
+READ_TIMEOUT = 3.0  # seconds a read may take; then the user is told the database is unavailable
+STALL_SECONDS = 1.0  # a write (or probe) the server has not answered for this long makes /healthz fail
+PROBE_SECONDS = 1.0  # an idle writer asks the server this often whether it answers
+PROBE_TIMEOUT = 5.0  # seconds a probe may take before the writer's connection is dropped
+# What one session may cost the others, in milliseconds, set on every connection of the app. A replica
+# frozen inside a transaction (SIGSTOP, a VM pause) keeps its row locks until the server ends its
+# session; meanwhile every other replica's one writer would wait behind them. A lock wait or a
+# statement past its bound fails that job alone, kept to be written again.
+SESSION_BOUNDS = {
+    "idle_in_transaction_session_timeout": "3000",
+    "lock_timeout": "1000",
+    "statement_timeout": "5000",
+}
 # The key of the advisory lock that serialises migrations (any constant, the same in every replica).
 SCHEMA_LOCK = 0x706F636B6574  # "pocket"
 
@@ -108,6 +121,10 @@ MAY_PASS: tuple[type[BaseException], ...] = (
     asyncpg.LockNotAvailableError,  # 55P03
 )
 
+# Of those, the ones that fail one job and not the database: a lock another session holds too long (a
+# frozen replica's), a statement past statement_timeout. The job waits; the other jobs are written.
+JOB_REFUSED: tuple[type[BaseException], ...] = (asyncpg.LockNotAvailableError, asyncpg.QueryCanceledError)
+
 
 # Of those, the ones that say the connection itself is gone or hangs: no other job can be written on it.
 LOST: tuple[type[BaseException], ...] = (
@@ -128,6 +145,11 @@ def _refusal(error: BaseException) -> StorageError:
     refusal = StorageError(f"The database could not save this ({str(error) or type(error).__name__}).")
     refusal.__cause__ = error
     return refusal
+
+
+def _unavailable(error: BaseException) -> Unavailable:
+    reason = f"it did not answer in {READ_TIMEOUT:g} s" if isinstance(error, TimeoutError) else str(error)
+    return Unavailable(f"PocketChat cannot reach its database now ({reason or type(error).__name__}). Try again soon.")
 
 
 def _reason(error: StorageError) -> str:
@@ -168,6 +190,8 @@ async def _migrate(db: asyncpg.Connection) -> None:
     """Bring the database's schema up to date. Replicas that start together queue on the advisory lock;
     each one after the first finds the steps applied and applies nothing."""
     async with db.transaction():
+        # Waiting for another replica's migration, and migrating, may take longer than any write.
+        await db.execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0")
         # The transaction-scoped lock is released by the commit (or by the server if this process dies).
         await db.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK, timeout=START_TIMEOUT)
         await db.execute(SCHEMA_VERSION_TABLE)
@@ -182,6 +206,13 @@ async def _migrate(db: asyncpg.Connection) -> None:
 
 async def _nothing(db: asyncpg.Connection) -> None:
     """The job of a retry tick: the batch is only the writes waiting to be written again."""
+
+
+class _Probe:
+    """What an idle writer's queue yields every PROBE_SECONDS: ask the server whether it answers."""
+
+
+PROBE = _Probe()
 
 
 @dataclass
@@ -209,7 +240,9 @@ class PostgresStore:
         self._pool: asyncpg.Pool | None = None  # for reads
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
-        self.failure: str | None = None  # why the last write failed, while writes fail
+        self._refused: str | None = None  # why the last write failed, while writes fail
+        self._unanswered: str | None = None  # why the last probe failed, until the server answers again
+        self._waiting_since: float | None = None  # when the write (or probe) in flight left
         self._lost: BaseException | None = None  # why the server could not be reached, at the last try
         # Told (on the event loop) of a conversation whose kept writes have all landed.
         self.on_written: Callable[[str], None] | None = None
@@ -230,7 +263,7 @@ class PostgresStore:
                 max_size=POOL_SIZE,
                 timeout=CONNECT_TIMEOUT,
                 command_timeout=COMMAND_TIMEOUT,
-                server_settings={"application_name": "pocketchat-reader"},
+                server_settings={"application_name": "pocketchat-reader", **SESSION_BOUNDS},
             )
         except BaseException:
             connection.terminate()
@@ -246,13 +279,23 @@ class PostgresStore:
             self._url,
             timeout=CONNECT_TIMEOUT,
             command_timeout=COMMAND_TIMEOUT,
-            server_settings={"application_name": f"pocketchat-{role}"},
+            server_settings={"application_name": f"pocketchat-{role}", **SESSION_BOUNDS},
         )
 
     @staticmethod
     async def _sweep(db: asyncpg.Connection) -> int:
         sweep = "UPDATE messages SET status = 'interrupted' WHERE status = 'streaming'"
-        return _count(await db.execute(sweep, timeout=START_TIMEOUT))
+        async with db.transaction():
+            await db.execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0")  # a big table takes long
+            return _count(await db.execute(sweep, timeout=START_TIMEOUT))
+
+    @property
+    def failure(self) -> str | None:
+        """Why writes fail now: the last batch was refused, the server did not answer the last probe, or
+        the write in flight has waited for it over STALL_SECONDS (a stall, a lock held by a frozen replica)."""
+        if self._waiting_since is not None and (waited := time.monotonic() - self._waiting_since) > STALL_SECONDS:
+            return f"the database has not answered for {waited:.0f} s"
+        return self._refused or self._unanswered
 
     async def close(self) -> None:
         """Finish the queued writes (and try the unwritten ones once more), then close. Bounded in time:
@@ -315,16 +358,36 @@ class PostgresStore:
             if job is None:
                 await self._finish()
                 return
-            await self._write_batch(self._gather(job))
+            if isinstance(job, _Probe):
+                await self._probe()
+            else:
+                await self._write_batch(self._gather(job))
 
-    async def _next_job(self) -> Job | None:
-        if not self._unwritten:
-            return await self._jobs.get()
-        # While writes wait for the database to recover, try them again every few seconds.
+    async def _next_job(self) -> Job | _Probe | None:
         try:
-            return await asyncio.wait_for(self._jobs.get(), RETRY_SECONDS)
+            # While writes wait for the database to recover, try them again every few seconds; while
+            # there is nothing to write, ask the server every second whether it answers (/healthz).
+            return await asyncio.wait_for(self._jobs.get(), RETRY_SECONDS if self._unwritten else PROBE_SECONDS)
         except TimeoutError:
-            return Job(_nothing, None, retry=False)
+            return Job(_nothing, None, retry=False) if self._unwritten else PROBE
+
+    async def _probe(self) -> None:
+        """Ask the server whether it answers, on the writer's connection (the way writes go)."""
+        if self._closing:
+            return
+        self._waiting_since = time.monotonic()
+        try:
+            db = await self._writer_connection()
+            await db.execute("SELECT 1", timeout=PROBE_TIMEOUT)
+        except Exception as error:
+            self._drop_connection()  # may hang or be broken: a new one next time
+            if self._unanswered is None:
+                logger.error("the database does not answer: %s", str(error) or type(error).__name__)
+            self._unanswered = str(error) or type(error).__name__
+        else:
+            self._unanswered = None
+        finally:
+            self._waiting_since = None
 
     def _gather(self, first: Job) -> list[Job]:
         """Group commit: the jobs queued meanwhile share one transaction, each in its own savepoint."""
@@ -347,17 +410,21 @@ class PostgresStore:
         # The kept writes go first. `_unwritten` stays as it is until this attempt ends: the hub asks it.
         self._batch = jobs = [*self._unwritten, *batch]
         started = time.perf_counter()
+        self._waiting_since = time.monotonic()
         try:
             results = await self._attempt(jobs)
         finally:
             self._batch = []
+            self._waiting_since = None
         if self.timing is not None:
             self.timing(time.perf_counter() - started)
         kept = [job for job, _, error in results if isinstance(error, StorageError) and job.retry]
         refused = [_reason(error) for _, _, error in results if isinstance(error, StorageError)]
-        self.failure = refused[0] if refused else None
+        self._refused = refused[0] if refused else None
         if refused:
-            logger.error("database writes failed (%d kept to write again): %s", len(kept), self.failure)
+            logger.error("database writes failed (%d kept to write again): %s", len(kept), self._refused)
+        if len(refused) < len(results):
+            self._unanswered = None  # it answered
         waiting = {job.conversation_id for job in self._unwritten}
         self._unwritten = kept[-MAX_UNWRITTEN:]
         for job, result, error in results:
@@ -408,11 +475,20 @@ class PostgresStore:
         """Group commit: one transaction, a savepoint per job, so that a job that fails on its own (a
         constraint) fails alone. A refusal of the database itself (full, read-only, lost) fails them all."""
         results: list[tuple[Job, Any, Exception | None]] = []
+        held: dict[str, BaseException] = {}  # conversation: why a write of it was refused (JOB_REFUSED)
         async with db.transaction():
             for job in jobs:
+                if job.conversation_id in held:  # its conversation's writes stay in order, behind it
+                    results.append((job, None, _refusal(held[job.conversation_id or ""])))
+                    continue
                 try:
                     async with db.transaction():  # nested: a savepoint
                         result = await job.work(db)
+                except JOB_REFUSED as error:
+                    # Rolled back to its savepoint: this job waits (kept), the others go on.
+                    if job.conversation_id is not None:
+                        held[job.conversation_id] = error
+                    results.append((job, None, _refusal(error)))
                 except Exception as error:
                     if may_pass(error):
                         raise
@@ -477,10 +553,35 @@ class PostgresStore:
         return done
 
     async def _read(self, work: Work[T]) -> T:
+        """Run a read on a pooled connection, in READ_TIMEOUT at most: a server that does not answer (or a
+        lost one) is `Unavailable`, said at once, not a socket that hangs or closes."""
         if self._pool is None:
             raise RuntimeError("the store is not open")
-        async with self._pool.acquire() as db:
+        try:
+            db = await self._pool.acquire(timeout=READ_TIMEOUT)
+        except Exception as error:
+            if may_pass(error):
+                raise _unavailable(error) from None
+            raise
+        timed_out = False
+
+        def time_out() -> None:
+            # The connection is closed under the read, which then fails at once: cancelling the read
+            # instead would wait for a rollback that a server which does not answer never answers.
+            nonlocal timed_out
+            timed_out = True
+            db.terminate()
+
+        timer = asyncio.get_running_loop().call_later(READ_TIMEOUT, time_out)
+        try:
             return await work(db)
+        except Exception as error:
+            if not may_pass(error):
+                raise
+            raise _unavailable(TimeoutError() if timed_out else error) from None
+        finally:
+            timer.cancel()
+            await self._pool.release(db)
 
     # ---- conversations and messages --------------------------------------------------------------
 
