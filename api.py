@@ -117,13 +117,15 @@ async def change_conversation(request: Request, conversation_id: str, changes: C
     state = chat_state(request.app)
     async with borrowed(request, conversation_id) as conversation:
         record = conversation.record
-        for name, value in changes.model_dump(exclude_none=True).items():
+        fields = changes.model_dump(exclude_none=True)
+        for name, value in fields.items():
             setattr(record, name, value)
         conversation.broadcast(protocol.conversation(record))
-        state.coordinator.changed(conversation)  # and the sockets on other replicas
+        state.coordinator.changed(conversation, fields)  # and the sockets on other replicas
         # If the database refuses the write, the change stays in memory and is written when it recovers.
+        # Only the fields changed are written: another replica may have changed the others meanwhile.
         await state.hub.ensure_stored(conversation)
-        await state.store.update_conversation(record)
+        await state.store.update_conversation(record, fields)
         return record.to_wire()
 
 

@@ -20,7 +20,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import asdict
 from typing import Any
 
@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 from utils import protocol
 from utils.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn, TurnIds
 from utils.limits import Lease, Limits, LocalCounters, Taken
-from utils.messages import ConversationRecord, Message, new_id
+from utils.messages import RECORD_FIELDS, ConversationRecord, Message, new_id
 from utils.protocol import Unavailable
 from utils.redis_limits import RedisCounters
 from utils.redis_log import (
@@ -95,7 +95,7 @@ class SingleProcess:
     async def find_new(self, conversation_id: str) -> ConversationRecord | None:
         return None
 
-    def changed(self, conversation: Conversation) -> None:
+    def changed(self, conversation: Conversation, names: Collection[str]) -> None:
         return None
 
     async def deleting(self, conversation_id: str) -> None:
@@ -279,9 +279,10 @@ class Cluster:
 
     # ---- conversation events -------------------------------------------------------------------
 
-    def changed(self, conversation: Conversation) -> None:
-        record = conversation.record
-        fields = {"title": record.title, "model": record.model, "system_prompt": record.system_prompt}
+    def changed(self, conversation: Conversation, names: Collection[str]) -> None:
+        """Tell the other replicas of the fields changed here, and of those only: another field of this
+        copy may be older than theirs."""
+        fields = {name: getattr(conversation.record, name) for name in names}
         self._background(self._publish({"kind": "changed", "conversation": conversation.id, **fields}))
 
     async def deleting(self, conversation_id: str) -> None:
@@ -315,8 +316,9 @@ class Cluster:
         elif kind == "stop" and (produced := self._produced.get(event["turn"])) is not None:
             produced[0].stop.set()
         elif kind == "changed" and live is not None:
-            for name in ("title", "model", "system_prompt"):
-                setattr(live.record, name, event[name])
+            for name in RECORD_FIELDS:
+                if name in event:
+                    setattr(live.record, name, event[name])
             live.broadcast(protocol.conversation(live.record))
         elif kind == "deleted" and live is not None:
             live.broadcast(protocol.deleted(conversation_id))
@@ -403,9 +405,11 @@ class Cluster:
             conversation.turn = turn
             for subscriber in conversation.subscribers:
                 subscriber.follow(turn.log, 0)
-        elif kind == "conversation":
-            for name in ("title", "model", "system_prompt"):
-                setattr(conversation.record, name, frame[name])
+        elif kind == "conversation" and conversation.record.title is None:
+            # Only the turn's naming of an untitled conversation: a frame read again from the start of
+            # the stream may be older than this copy (renamed since), and the rest of the record comes
+            # from the database and the `changed` events, never from a turn's log.
+            conversation.record.title = frame["title"]
         elif kind == "error":
             mirror.error = frame["message"]
         elif kind == "turn_end":

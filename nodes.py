@@ -172,6 +172,7 @@ class TitleConversation(AsyncNode):
         conversation: Conversation = shared["conversation"]
         conversation.record.title = title
         # Queued, not awaited: the turn's later writes land after it, and waiting for the writer
-        # thread would hold up the first chunk when many turns start at once.
-        shared["store"].update_conversation(conversation.record)
+        # thread would hold up the first chunk when many turns start at once. Written only if the
+        # conversation has no title yet: a rename on another replica meanwhile wins.
+        shared["store"].name_conversation(conversation.record)
         shared["channel"].append(protocol.conversation(conversation.record))

@@ -284,3 +284,33 @@ def test_hello_during_a_postgresql_outage_answers_unavailable_at_once_and_keeps_
     finally:
         proxy.heal()
     assert socket.hello(session)["history"][0]["content"] == "stored, then out of memory"
+
+
+# 8. A rename made while a turn streams is not undone by the other replica's copy of that turn
+
+
+def stored_record(url: str, session: str) -> tuple[str, str, str]:
+    row = query(url, "SELECT title, model, system_prompt FROM conversations WHERE id = $1", session)[0]
+    return row["title"], row["model"], row["system_prompt"]
+
+
+def test_a_rename_made_while_a_turn_streams_survives_the_other_replica_and_its_changes(replicas, cookie, fake, shared):
+    a, b = replicas
+    url = shared["POCKETCHAT_DATABASE_URL"]
+    fake.queue(Reply(count=300, pace=0.02))
+    on_a = client(a.ws_url, cookie)
+    session = on_a.hello()["session_id"]
+    on_a.send("message", content="the first message names the conversation")
+    assert on_a.until("conversation")[-1]["title"] == "the first message names the conversation"
+    assert change(a, cookie, session, title="Renamed on A") == 200
+    assert on_a.until("conversation")[-1]["title"] == "Renamed on A"
+    # New sockets on B, while A's turn (whose log opens with the old name) still streams.
+    for _ in range(3):
+        assert client(b.ws_url, cookie).hello(session)["title"] == "Renamed on A"
+    assert change(b, cookie, session, model="fake-model-large") == 200
+    told = on_a.until("conversation")[-1]
+    assert (told["title"], told["model"]) == ("Renamed on A", "fake-model-large")
+    assert stored_record(url, session)[:2] == ("Renamed on A", "fake-model-large")
+    assert on_a.until("turn_end", timeout=30)[-1]["status"] == "complete"
+    assert client(b.ws_url, cookie).hello(session)["title"] == "Renamed on A"
+    assert stored_record(url, session)[:2] == ("Renamed on A", "fake-model-large")

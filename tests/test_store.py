@@ -598,3 +598,24 @@ def test_a_final_reply_is_never_written_over_only_a_streaming_one_is(store):
             return [(m.content, m.status) for m in messages]
 
     assert asyncio.run(scenario()) == [("so far, and a bit", "interrupted")]
+
+
+def test_a_change_writes_only_its_fields_and_a_turn_names_only_an_untitled_conversation(store):
+    """Two replicas each hold a copy of the record, each a little out of date: a rename on one and a
+    model change on the other both land, and a turn's naming does not undo the rename."""
+
+    async def scenario():
+        async with opened(store) as one, opened(store, sweep_streaming=False) as two:
+            record = ConversationRecord(model="m", system_prompt="p")
+            await one.create_conversation(record)
+            here, there = ConversationRecord(**record.__dict__), ConversationRecord(**record.__dict__)
+            here.title = "Renamed here"
+            await one.update_conversation(here, ["title"])
+            there.model = "m2"
+            await two.update_conversation(there, {"model": "m2"})
+            there.title = "the first message"  # a turn there names it, not knowing of the rename
+            await two.name_conversation(there)
+            stored, _ = await one.load(record.id)
+            return stored.title, stored.model, stored.system_prompt
+
+    assert asyncio.run(scenario()) == ("Renamed here", "m2", "p")

@@ -11,14 +11,14 @@ together migrate it once. The URL may hold a password: only its host, port and d
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import asyncpg
 
-from utils.messages import ConversationRecord, Message
+from utils.messages import RECORD_FIELDS, ConversationRecord, Message
 from utils.protocol import StorageError, Unavailable
 from utils.sqlite_store import MAX_UNWRITTEN, RETRY_SECONDS, session_hash
 
@@ -588,10 +588,20 @@ class PostgresStore:
     async def create_conversation(self, record: ConversationRecord) -> None:
         await self._write(lambda db: _insert_conversation(db, record), record.id)
 
-    def update_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+    def update_conversation(
+        self, record: ConversationRecord, fields: Collection[str] = RECORD_FIELDS
+    ) -> asyncio.Future[Any]:
         record.updated_at = time.time()
-        row = (record.title, record.model, record.system_prompt, record.updated_at, record.id)
-        query = "UPDATE conversations SET title = $1, model = $2, system_prompt = $3, updated_at = $4 WHERE id = $5"
+        names = [name for name in RECORD_FIELDS if name in fields]  # named here, never by the caller
+        assignments = ", ".join(f"{name} = ${number}" for number, name in enumerate(names, start=3))
+        query = f"UPDATE conversations SET updated_at = $2{', ' if names else ''}{assignments} WHERE id = $1"
+        row = (record.id, record.updated_at, *(getattr(record, name) for name in names))
+        return self._write(lambda db: db.execute(query, *row), record.id)
+
+    def name_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+        record.updated_at = time.time()
+        query = "UPDATE conversations SET title = $1, updated_at = $2 WHERE id = $3 AND title IS NULL"
+        row = (record.title, record.updated_at, record.id)
         return self._write(lambda db: db.execute(query, *row), record.id)
 
     async def delete_conversation(self, conversation_id: str) -> bool:

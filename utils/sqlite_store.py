@@ -11,13 +11,13 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from utils.messages import ConversationRecord, Message
+from utils.messages import RECORD_FIELDS, ConversationRecord, Message
 from utils.protocol import StorageError
 
 logger = logging.getLogger(__name__)
@@ -319,15 +319,20 @@ class SqliteStore:
     async def create_conversation(self, record: ConversationRecord) -> None:
         await self._write(lambda db: _insert_conversation(db, record), record.id)
 
-    def update_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+    def update_conversation(
+        self, record: ConversationRecord, fields: Collection[str] = RECORD_FIELDS
+    ) -> asyncio.Future[Any]:
         record.updated_at = time.time()
-        row = (record.title, record.model, record.system_prompt, record.updated_at, record.id)
-        return self._write(
-            lambda db: db.execute(
-                "UPDATE conversations SET title = ?, model = ?, system_prompt = ?, updated_at = ? WHERE id = ?", row
-            ),
-            record.id,
-        )
+        names = [name for name in RECORD_FIELDS if name in fields]  # named here, never by the caller
+        query = f"UPDATE conversations SET {', '.join(f'{name} = ?' for name in ['updated_at', *names])} WHERE id = ?"
+        row = (record.updated_at, *(getattr(record, name) for name in names), record.id)
+        return self._write(lambda db: db.execute(query, row), record.id)
+
+    def name_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+        record.updated_at = time.time()
+        query = "UPDATE conversations SET title = ?, updated_at = ? WHERE id = ? AND title IS NULL"
+        row = (record.title, record.updated_at, record.id)
+        return self._write(lambda db: db.execute(query, row), record.id)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         # Not written again later: the caller tells the user it failed, and the conversation stays.

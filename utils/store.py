@@ -7,10 +7,10 @@ after them), commit them in groups, and keep a write the database refuses until 
 """
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
-from utils.messages import ConversationRecord, Message
+from utils.messages import RECORD_FIELDS, ConversationRecord, Message
 from utils.settings import Settings
 
 
@@ -30,7 +30,13 @@ class Store(Protocol):
 
     async def create_conversation(self, record: ConversationRecord) -> None: ...
 
-    def update_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]: ...
+    def update_conversation(
+        self, record: ConversationRecord, fields: Collection[str] = RECORD_FIELDS
+    ) -> asyncio.Future[Any]:
+        """Write these fields of the record (of `RECORD_FIELDS`), and only these."""
+
+    def name_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+        """Write the record's title if the stored conversation has none yet (a turn naming it)."""
 
     async def delete_conversation(self, conversation_id: str) -> bool: ...
 
