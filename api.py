@@ -140,7 +140,9 @@ async def delete_conversation(request: Request, conversation_id: str) -> None:
                 state.coordinator.stop(turn)  # here, or on the replica that runs it
                 await asyncio.wait_for(asyncio.shield(turn.done.wait()), DELETE_WAIT_SECONDS)
             await state.coordinator.deleting(conversation.id)  # and no turn starts on another replica
-            if conversation.stored:
+            # With replicas, another replica may have stored it since this copy was loaded (a first
+            # turn that started there as this delete began): deleted in the database all the same.
+            if conversation.stored or state.settings.clustered:
                 await state.store.delete_conversation(conversation.id)
         except BaseException:
             conversation.deleting = False  # still there: it can be used, or deleted again

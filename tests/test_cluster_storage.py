@@ -314,3 +314,69 @@ def test_a_rename_made_while_a_turn_streams_survives_the_other_replica_and_its_c
     assert on_a.until("turn_end", timeout=30)[-1]["status"] == "complete"
     assert client(b.ws_url, cookie).hello(session)["title"] == "Renamed on A"
     assert stored_record(url, session)[:2] == ("Renamed on A", "fake-model-large")
+
+
+# 7. A delete wins over a first turn that starts on another replica at the same moment
+
+
+def delete(app: AppProcess, cookie: str, session: str) -> int:
+    request = urllib.request.Request(
+        f"{app.url}/api/conversations/{session}", method="DELETE", headers={"Cookie": cookie}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=40) as answer:
+            return answer.status
+    except urllib.error.HTTPError as answer:
+        answer.close()
+        return answer.code
+
+
+def listed(app: AppProcess, cookie: str) -> set[str]:
+    request = urllib.request.Request(f"{app.url}/api/conversations", headers={"Cookie": cookie})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        return {c["id"] for c in json.loads(answer.read())["conversations"]}
+
+
+def test_a_delete_on_one_replica_just_after_a_first_message_on_the_other_wins(replicas, cookie, fake, shared):
+    a, b = replicas
+    url = shared["POCKETCHAT_DATABASE_URL"]
+    deleted: list[str] = []
+    for attempt in range(15):
+        fake.queue(Reply(count=100, pace=0.01))
+        on_a = client(a.ws_url, cookie)
+        session = on_a.hello()["session_id"]
+        on_a.send("message", content=f"a first message, deleted at once ({attempt})")
+        time.sleep(0.005)
+        assert delete(b, cookie, session) == 204
+        assert on_a.until("deleted", timeout=30)[-1]["session_id"] == session
+        deleted.append(session)
+        on_a.close()
+    for app in (a, b):
+        settled(app, cookie)  # whatever either replica queued for those conversations has landed
+    assert query(url, "SELECT id FROM conversations WHERE id = ANY($1)", deleted) == []
+    assert query(url, "SELECT id FROM messages WHERE conversation_id = ANY($1)", deleted) == []
+    assert not (listed(a, cookie) | listed(b, cookie)) & set(deleted)
+
+
+def test_a_delete_wins_even_when_the_other_replicas_first_write_lands_after_it(
+    another_replica, fake, fault_proxy, shared
+):
+    url = shared["POCKETCHAT_DATABASE_URL"]
+    proxy: FaultProxy = fault_proxy(url)
+    a, b = another_replica(POCKETCHAT_DATABASE_URL=proxy.url(url)), another_replica()
+    cookie = sign_in(b.url)
+    on_a = client(a.ws_url, cookie)
+    session = on_a.hello()["session_id"]
+    proxy.stall()  # A's writes wait: its first turn's opening write lands only after B's delete
+    try:
+        fake.queue(Reply(count=50, pace=0.01))
+        on_a.send("message", content="stored by A only after B deleted it")
+        on_a.until("turn_start")
+        assert delete(b, cookie, session) == 204
+        on_a.until("deleted", timeout=30)
+    finally:
+        proxy.heal()
+    wait_for(lambda: health(a)[0] == 200, timeout=30)
+    settled(a, cookie)
+    assert query(url, "SELECT id FROM conversations WHERE id = $1", session) == []
+    assert query(url, "SELECT id FROM messages WHERE conversation_id = $1", session) == []

@@ -619,3 +619,18 @@ def test_a_change_writes_only_its_fields_and_a_turn_names_only_an_untitled_conve
             return stored.title, stored.model, stored.system_prompt
 
     assert asyncio.run(scenario()) == ("Renamed here", "m2", "p")
+
+
+def test_a_deleted_conversation_is_never_stored_again(store):
+    """A replica's first turn of a conversation may reach the database after another replica deleted
+    it: it stores nothing (the conversation's later writes fail alone)."""
+
+    async def scenario():
+        async with opened(store) as db, opened(store, sweep_streaming=False) as other:
+            record = ConversationRecord(model="m", system_prompt="")
+            await other.delete_conversation(record.id)  # nothing stored yet: deleted all the same
+            late = db.open_turn(record.id, record, [Message(role="user", content="late")], [])
+            await asyncio.gather(late, db.create_conversation(record), return_exceptions=True)
+            return await db.load(record.id), await db.list_conversations("local")
+
+    assert asyncio.run(scenario()) == (None, [])

@@ -91,7 +91,13 @@ CREATE TABLE sessions (
 );
 CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """,
+    # Deleted conversations, for a day: a replica whose first turn of a conversation started as another
+    # deleted it must not store it again (SQLite's step 3).
+    """
+CREATE TABLE deleted_conversations (id TEXT PRIMARY KEY, deleted_at DOUBLE PRECISION NOT NULL);
+""",
 ]
+TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
 # replica that took its turn over) no later write changes it: a producer that was paused past its lease
@@ -171,11 +177,21 @@ def _count(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
+async def _lock_conversation(db: asyncpg.Connection, conversation_id: str) -> None:
+    """Until the transaction ends, be the one writer storing or deleting this conversation: a new
+    conversation stored by one replica's writer while another's deletes it is then either deleted or
+    never stored, whichever commits first."""
+    await db.execute("SELECT pg_advisory_xact_lock(hashtext($1))", "pocketchat conversation " + conversation_id)
+
+
 async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecord) -> None:
+    await _lock_conversation(db, record.id)
     await db.execute(
         # DO NOTHING: with replicas, two may each store a new conversation they both had in memory.
+        # Never one that was deleted (a first turn on one replica, a delete on another).
         "INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+        " SELECT $1, $2, $3, $4, $5, $6::double precision, $7::double precision"
+        " WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = $1) ON CONFLICT (id) DO NOTHING",
         record.id,
         record.owner,
         record.title,
@@ -257,6 +273,8 @@ class PostgresStore:
         try:
             await _migrate(connection)
             interrupted = await self._sweep(connection) if sweep_streaming else 0
+            forgotten = "DELETE FROM deleted_conversations WHERE deleted_at < $1"
+            await connection.execute(forgotten, time.time() - TOMBSTONE_SECONDS, timeout=START_TIMEOUT)
             self._pool = await asyncpg.create_pool(
                 self._url,
                 min_size=1,
@@ -606,6 +624,9 @@ class PostgresStore:
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         async def work(db: asyncpg.Connection) -> bool:
+            await _lock_conversation(db, conversation_id)
+            tombstone = "INSERT INTO deleted_conversations VALUES ($1, $2) ON CONFLICT (id) DO NOTHING"
+            await db.execute(tombstone, conversation_id, time.time())
             return _count(await db.execute("DELETE FROM conversations WHERE id = $1", conversation_id)) > 0
 
         # Not written again later: the caller tells the user it failed, and the conversation stays.

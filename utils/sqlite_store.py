@@ -66,7 +66,13 @@ CREATE TABLE sessions (
 );
 CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
 """,
+    # Deleted conversations, for a day: with replicas (PostgreSQL's step 2), one whose first turn of a
+    # conversation started as another deleted it must not store it again. Here for the same schema.
+    """
+CREATE TABLE deleted_conversations (id TEXT PRIMARY KEY, deleted_at REAL NOT NULL);
+""",
 ]
+TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
 # replica that took its turn over) no later write changes it: a producer that was paused past its lease
@@ -99,8 +105,9 @@ def _migrate(db: sqlite3.Connection) -> None:
 def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> None:
     db.execute(
         # OR IGNORE: with replicas, two may each store a new conversation they both had in memory.
+        # Never one that was deleted.
         "INSERT OR IGNORE INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        " SELECT ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = ?)",
         (
             record.id,
             record.owner,
@@ -109,6 +116,7 @@ def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> 
             record.system_prompt,
             record.created_at,
             record.updated_at,
+            record.id,
         ),
     )
 
@@ -165,6 +173,8 @@ class SqliteStore:
         _migrate(connection)
         sweep = "UPDATE messages SET status = 'interrupted' WHERE status = 'streaming'"
         interrupted = connection.execute(sweep).rowcount if sweep_streaming else 0
+        forgotten = "DELETE FROM deleted_conversations WHERE deleted_at < ?"
+        connection.execute(forgotten, (time.time() - TOMBSTONE_SECONDS,))
         connection.commit()
         self._connection = connection
         self._writer.start()
@@ -335,12 +345,12 @@ class SqliteStore:
         return self._write(lambda db: db.execute(query, row), record.id)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
+        def work(db: sqlite3.Connection) -> bool:
+            db.execute("INSERT OR IGNORE INTO deleted_conversations VALUES (?, ?)", (conversation_id, time.time()))
+            return db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0
+
         # Not written again later: the caller tells the user it failed, and the conversation stays.
-        return await self._write(
-            lambda db: db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0,
-            conversation_id,
-            retry=False,
-        )
+        return await self._write(work, conversation_id, retry=False)
 
     async def list_conversations(self, owner: str) -> list[ConversationRecord]:
         query = "SELECT * FROM conversations WHERE owner = ? ORDER BY updated_at DESC, created_at DESC"
