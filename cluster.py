@@ -33,6 +33,7 @@ from utils.messages import RECORD_FIELDS, ConversationRecord, Message, new_id
 from utils.protocol import Unavailable
 from utils.redis_limits import RedisCounters
 from utils.redis_log import (
+    ENDED_STREAM_MS,
     LEASE_MS,
     RENEW_SECONDS,
     TAKEN_OVER,
@@ -226,6 +227,10 @@ class Cluster:
             assert isinstance(turn.log, ProducedLog)
             await turn.log.copied()  # turn_start first: a replica told of the turn finds it in the stream
             await self.link.publish(event)
+            # The conversation's last turn, for as long as its stream is kept: a replica that loads the
+            # conversation once the turn has ended, before its final save lands, reads it there.
+            last = f"{turn.id} {turn.reply.id}"
+            await self.link.client.set(self._last_key(conversation.id), last, px=ENDED_STREAM_MS)
         except (RedisError, OSError) as error:
             self._lost(turn.id, error)
 
@@ -364,6 +369,30 @@ class Cluster:
             turn_id, reply_id, _ = holder.split(" ", 2)
             if turn_id not in self._produced:
                 await self._mirror(conversation, turn_id, reply_id)
+            return
+        await self._adopt_last(conversation)
+
+    async def _adopt_last(self, conversation: Conversation) -> None:
+        """No turn runs on it now, but its last turn may have ended after the database was read, or
+        before its final save landed: a turn's end (and its lease's release) reaches Redis first. Then
+        that turn's stream is its record until the save lands: it is read as a mirror that ends at once
+        (and adds the turn's messages where the database has none yet)."""
+        try:
+            last = await self.link.client.get(self._last_key(conversation.id))
+            if last is None:
+                return
+            turn_id, reply_id = last.decode().split(" ")
+            if any(m.id == reply_id and m.status != "streaming" for m in conversation.history):
+                return  # stored as it ended
+            entries = await self.link.entries(turn_id)
+        except (RedisError, OSError) as error:
+            logger.warning("could not ask Redis how conversation %s…'s last turn ended: %s", conversation.id[:6], error)
+            return
+        if entries and '"type":"turn_end"' in entries[-1][1]:
+            await self._mirror(conversation, turn_id, reply_id)
+
+    def _last_key(self, conversation_id: str) -> str:
+        return f"{self.link.prefix}last:{conversation_id}"
 
     async def _mirror(self, conversation: Conversation, turn_id: str, reply_id: str) -> None:
         if turn_id in self._mirrors or conversation.turn is not None:

@@ -20,9 +20,11 @@ from typing import Any
 
 import asyncpg
 import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
-from tests.cluster import sign_in
-from tests.conftest import AppProcess, ChatClient, reply_text
+from tests.cluster import Nginx, sign_in
+from tests.conftest import NO_LIMITS, AppProcess, ChatClient, reply_text
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.services import FaultProxy, database_name
 from tests.test_cluster import (  # noqa: F401 (fixtures)
@@ -380,3 +382,155 @@ def test_a_delete_wins_even_when_the_other_replicas_first_write_lands_after_it(
     settled(a, cookie)
     assert query(url, "SELECT id FROM conversations WHERE id = $1", session) == []
     assert query(url, "SELECT id FROM messages WHERE conversation_id = $1", session) == []
+
+
+# 9. A rolling restart through deploy/nginx.conf keeps the service reachable, and replies whole
+
+
+def restart(app: AppProcess) -> None:
+    """Start the same replica again: the same port (nginx's upstream), settings and log."""
+    app.process, app.clients = None, []
+    app.start()
+
+
+def stop_gracefully(app: AppProcess) -> None:
+    """SIGTERM, as an orchestrator stops a replica, and wait for it to drain and exit."""
+    assert app.process is not None
+    app.process.send_signal(signal.SIGTERM)
+    app.process.wait(40)
+
+
+class Reconnecting:
+    """Pages reconnecting through the balancer all along: a WebSocket handshake and a hello each time.
+    `failures` holds when each one failed, and how."""
+
+    def __init__(self, ws_url: str, cookie: str, session: str) -> None:
+        self.ws_url, self.cookie, self.session = ws_url, cookie, session
+        self.attempts = 0
+        self.failures: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.attempts += 1
+            try:
+                with connect(self.ws_url, additional_headers={"Cookie": self.cookie}, open_timeout=5) as socket:
+                    socket.send(json.dumps({"type": "hello", "session_id": self.session}))
+                    assert json.loads(socket.recv(5))["type"] == "ready"
+            except Exception as error:  # a refused handshake (502), a socket cut: a page that saw nothing
+                self.failures.append((time.monotonic(), f"{type(error).__name__}: {error}"))
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def follow_through_a_restart(
+    socket: ChatClient, balancer_ws: str, cookie: str, session: str, failures: list[str]
+) -> tuple[str, str]:
+    """A page whose reply runs on the replica being restarted: it reads until its socket is closed (1012),
+    reconnects through the balancer (again and again, as the page does; each failure is noted), and
+    reads the reply to its end. The reply's text and status."""
+    text = ""
+    try:
+        frames = socket.until("turn_end", timeout=30)
+        return reply_text(frames), frames[-1]["status"]
+    except ConnectionClosed:
+        text = reply_text(socket.frames)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            again = client(balancer_ws, cookie)
+            break
+        except Exception as error:
+            failures.append(f"{type(error).__name__}: {error}")
+            assert time.monotonic() < deadline, failures[-1]
+            time.sleep(0.1)
+    ready = again.hello(session)
+    if (running := ready.get("running")) is None:
+        return ready["history"][-1]["content"], ready["history"][-1]["status"]
+    assert running["content"].startswith(text) or text.startswith(running["content"])
+    frames = again.until("turn_end", timeout=30)
+    return running["content"] + reply_text(frames), frames[-1]["status"]
+
+
+def test_a_rolling_restart_through_nginx_keeps_the_service_reachable_and_every_reply_whole(
+    another_replica, tmp_path, fake, shared
+):
+    a, b = another_replica(*NO_LIMITS), another_replica(*NO_LIMITS)
+    balancer = Nginx(tmp_path / "nginx", [a.port, b.port]).start()
+    cookie = sign_in(balancer.url)
+    reconnecting = Reconnecting(balancer.ws_url, cookie, client(balancer.ws_url, cookie).hello()["session_id"])
+    try:
+        wait_for(lambda: reconnecting.attempts > 10)
+        # The rolling restart of docs/deploy.md: one replica at a time, the next once this one is back.
+        stop_gracefully(a)
+        restart(a)
+        # Replies running on B as it stops, ending one after another while their pages reconnect.
+        count = 30
+        fake.queue(*(Reply(count=40 + 3 * i, pace=0.025) for i in range(count)))
+        pages = []
+        for i in range(count):
+            page = client(b.ws_url, cookie)
+            session = page.hello()["session_id"]
+            page.send("message", content=f"a reply that ends as B restarts ({i})")
+            page.until("turn_start")
+            pages.append((page, session))
+        time.sleep(0.9)
+        b.process.send_signal(signal.SIGTERM)
+        failed: list[str] = []
+        ends = [follow_through_a_restart(page, balancer.ws_url, cookie, session, failed) for page, session in pages]
+        b.process.wait(40)
+        restart(b)
+        time.sleep(0.5)
+    finally:
+        reconnecting.stop()
+        balancer.stop()
+    assert not failed, f"{len(failed)} reconnects of pages whose replies ran on B failed: {failed[0]}"
+    assert not reconnecting.failures, (
+        f"{len(reconnecting.failures)} of {reconnecting.attempts} reconnects failed, "
+        f"over {reconnecting.failures[-1][0] - reconnecting.failures[0][0]:.1f} s: {reconnecting.failures[0][1]}"
+    )
+    expected = ["".join(f"tok{t} " for t in range(1, 41 + 3 * i)) for i in range(count)]
+    assert [status for _, status in ends] == ["complete"] * count
+    assert [text for text, _ in ends] == expected
+    sessions = [session for _, session in pages]
+    stored = query(
+        shared["POCKETCHAT_DATABASE_URL"],
+        "SELECT conversation_id, content, status FROM messages WHERE role = 'assistant' AND conversation_id = ANY($1)",
+        sessions,
+    )
+    assert {row["conversation_id"]: (row["content"], row["status"]) for row in stored} == {
+        session: (text, "complete") for session, text in zip(sessions, expected, strict=True)
+    }
+
+
+def test_a_reply_that_ended_elsewhere_before_its_save_landed_opens_complete_not_interrupted(
+    another_replica, fake, fault_proxy, shared
+):
+    """A turn's end (and its lease's release) is in Redis before its final save is in PostgreSQL: a
+    page that opens the conversation on another replica in between, reconnecting as the reply ends,
+    must get the reply as it ended, not `interrupted`."""
+    url = shared["POCKETCHAT_DATABASE_URL"]
+    proxy: FaultProxy = fault_proxy(url)
+    a, b = another_replica(), another_replica(POCKETCHAT_DATABASE_URL=proxy.url(url))
+    cookie = sign_in(a.url)
+    on_b = client(b.ws_url, cookie)
+    session = on_b.hello()["session_id"]
+    assert on_b.turn("stored before the stall")[-1]["status"] == "complete"
+    fake.queue(Reply(count=30, pace=0.02))
+    on_b.send("message", content="ends while B's database stalls")
+    first = on_b.until("chunk")
+    proxy.stall()  # B's final save waits; its turn_end does not
+    try:
+        frames = first + on_b.until("turn_end", timeout=15)
+        assert frames[-1]["status"] == "complete"
+        assert (stored_reply(url, frames[-1]["message_id"]) or ("", "not there"))[1] != "complete"  # not saved yet
+        reply = client(a.ws_url, cookie).hello(session)["history"][-1]
+        assert (reply["content"], reply["status"]) == (reply_text(frames), "complete")
+    finally:
+        proxy.heal()
+    wait_for(lambda: stored_reply(url, frames[-1]["message_id"]) == (reply_text(frames), "complete"), timeout=30)

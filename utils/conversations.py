@@ -282,13 +282,15 @@ class Hub:
                     return None
                 loaded = record, []  # its first turn may have started there, its rows not landed yet
             record, history = loaded
-            for message in history:
-                # Not live here, so no turn is writing it: whatever cut it short, it was interrupted.
-                if message.status == "streaming":
-                    message.status = "interrupted"
             conversation = Conversation(record, history, stored=stored, new_log=self._new_log)
             if self.coordinator is not None:
-                await self.coordinator.adopt(conversation)  # its turn may run on another replica
+                # Its turn may run on another replica, or have ended there since the store was read.
+                await self.coordinator.adopt(conversation)
+            for message in conversation.history:
+                # Not running, here or elsewhere (a mirrored turn's reply joins the history at its end):
+                # whatever cut it short, it was interrupted.
+                if message.status == "streaming":
+                    message.status = "interrupted"
             return self._keep(conversation)
         finally:
             del self._loading[conversation_id]
