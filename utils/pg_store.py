@@ -257,6 +257,7 @@ class PostgresStore:
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
         self._refused: str | None = None  # why the last write failed, while writes fail
+        self._locked: dict[str | None, str] = {}  # conversations whose kept writes wait on a lock, and why
         self._unanswered: str | None = None  # why the last probe failed, until the server answers again
         self._waiting_since: float | None = None  # when the write (or probe) in flight left
         self._lost: BaseException | None = None  # why the server could not be reached, at the last try
@@ -349,7 +350,8 @@ class PostgresStore:
 
     def _abandon(self) -> None:
         """The writer was given up on: tell every caller still waiting, and count what is lost."""
-        left = list(self._batch or self._unwritten)  # a batch starts with the unwritten jobs
+        batch = {id(job) for job in self._batch}
+        left = [*self._batch, *(job for job in self._unwritten if id(job) not in batch)]
         while not self._jobs.empty():
             if (job := self._jobs.get_nowait()) is not None:
                 left.append(job)
@@ -426,7 +428,14 @@ class PostgresStore:
 
     async def _write_batch(self, batch: list[Job]) -> None:
         # The kept writes go first. `_unwritten` stays as it is until this attempt ends: the hub asks it.
-        self._batch = jobs = [*self._unwritten, *batch]
+        # Those that wait on a lock (JOB_REFUSED) wait for the retry tick, unless a new job of their
+        # conversation must land after them: a lock held by a frozen replica costs each batch a
+        # lock_timeout otherwise.
+        tick = any(job.work is _nothing for job in batch)
+        set_aside = set() if tick else self._locked.keys() - {job.conversation_id for job in batch}
+        skipped = [job for job in self._unwritten if job.conversation_id in set_aside]
+        retried = [job for job in self._unwritten if job.conversation_id not in set_aside]
+        self._batch = jobs = [*retried, *batch]
         started = time.perf_counter()
         self._waiting_since = time.monotonic()
         try:
@@ -436,9 +445,15 @@ class PostgresStore:
             self._waiting_since = None
         if self.timing is not None:
             self.timing(time.perf_counter() - started)
-        kept = [job for job, _, error in results if isinstance(error, StorageError) and job.retry]
+        kept = [*skipped, *(job for job, _, error in results if isinstance(error, StorageError) and job.retry)]
         refused = [_reason(error) for _, _, error in results if isinstance(error, StorageError)]
-        self._refused = refused[0] if refused else None
+        self._locked = {job.conversation_id: self._locked[job.conversation_id] for job in skipped}
+        self._locked |= {
+            job.conversation_id: _reason(error)
+            for job, _, error in results
+            if isinstance(error, StorageError) and isinstance(error.__cause__, JOB_REFUSED) and job.conversation_id
+        }
+        self._refused = refused[0] if refused else next(iter(self._locked.values()), None)
         if refused:
             logger.error("database writes failed (%d kept to write again): %s", len(kept), self._refused)
         if len(refused) < len(results):
