@@ -37,6 +37,8 @@ from tests.test_cluster import (  # noqa: F401 (fixtures)
     shared,
 )
 from tests.test_protocol import wait_for
+from utils import protocol
+from utils.redis_log import FRESH_SECONDS, Copier, Fenced, ProducedLog, RedisLink, takeover_frames
 
 
 def query(url: str, sql: str, *args: Any) -> list[asyncpg.Record]:
@@ -534,3 +536,48 @@ def test_a_reply_that_ended_elsewhere_before_its_save_landed_opens_complete_not_
     finally:
         proxy.heal()
     wait_for(lambda: stored_reply(url, frames[-1]["message_id"]) == (reply_text(frames), "complete"), timeout=30)
+
+
+def test_a_produced_log_holds_back_what_comes_after_a_silence_and_ends_as_the_takeover_ended_it(
+    redis_server, redis_prefix
+):
+    """The producer's own log, as a paused producer wakes: what it appends is held back from its own
+    sockets until a copy confirms the lease; the copy is refused (the turn was taken over), so the held
+    chunk is dropped and the log ends as the stream does."""
+
+    async def scenario() -> tuple[list[str], list[str], list[str], list[Exception]]:
+        producer, other = RedisLink(redis_server, redis_prefix, "producer"), RedisLink(redis_server, redis_prefix, "b")
+        lease = "t1 r1 producer"
+        await producer.client.set(producer.lease("c1"), lease)
+        failures: list[Exception] = []
+        log = ProducedLog("t1", "c1", lease, Copier(producer, lambda _, error: failures.append(error)))
+        log.append(protocol.turn_start("t1", {"id": "u1", "role": "user", "content": "q", "status": "complete"}))
+        log.append_chunk("one ")
+        await log.copied()
+        seen: list[str] = []
+        follower = asyncio.create_task(_collect(log, seen))
+        await asyncio.sleep(FRESH_SECONDS + 0.1)  # paused: no copy confirms the lease meanwhile
+        # Its heartbeat never beat: the other replica ends the turn.
+        assert await other.take_over("t1", "c1", "producer", *takeover_frames("t1", "r1")) is not None
+        log.append_chunk("two ")  # read from the provider's socket on waking
+        await asyncio.sleep(0)
+        held = list(seen)
+        await log.copied()  # refused: fenced
+        log.append(protocol.turn_end("t1", "stopped", "r1", {}))  # what the waking turn would add: dropped
+        log.close()
+        await follower
+        stream = [text for _, text in await other.entries("t1")]
+        await producer.aclose()
+        await other.aclose()
+        return held, seen, stream, failures
+
+    held, seen, stream, failures = asyncio.run(scenario())
+    assert [json.loads(text)["type"] for text in held] == ["turn_start", "chunk"]  # not chunk two
+    assert seen == stream  # byte for byte: turn_start, chunk one, the takeover's error and turn_end
+    assert [json.loads(text)["type"] for text in seen] == ["turn_start", "chunk", "error", "turn_end"]
+    assert [type(error) for error in failures] == [Fenced]
+
+
+async def _collect(log: ProducedLog, into: list[str]) -> None:
+    async for text in log.follow(0):
+        into.append(text)

@@ -315,15 +315,9 @@ class ProducedLog(InProcessTurnLog):
 
     def settle(self, batch: Batch, error: Exception | None) -> None:
         self._in_flight -= 1
-        if self.taken_over:
-            pass
-        elif error is None:
-            self._released = batch.last
-            self._copied += len(batch.entries)
-            # The script found the lease when it ran, at the earliest when the call left.
-            self._confirmed_at = max(self._confirmed_at, batch.taken_at)
-            if time.monotonic() - self._confirmed_at <= FRESH_SECONDS:
-                self._show_all()
+        if error is None:
+            if not self.taken_over:  # else an earlier call's answer, come after the turn was found taken over
+                self._landed(batch)
         elif self.failure is None:
             if isinstance(error, Fenced):
                 self._end_taken_over(error)
@@ -334,6 +328,14 @@ class ProducedLog(InProcessTurnLog):
                 self.copier.on_failure(self.turn_id, error)
         if (not self._unsent or self.failure is not None) and not self._in_flight:
             self._all_copied.set()
+
+    def _landed(self, batch: Batch) -> None:
+        self._released = batch.last
+        self._copied += len(batch.entries)
+        # The script found the lease when it ran, at the earliest when the call left.
+        self._confirmed_at = max(self._confirmed_at, batch.taken_at)
+        if time.monotonic() - self._confirmed_at <= FRESH_SECONDS:
+            self._show_all()
 
     def _end_taken_over(self, error: Exception) -> None:
         """Another replica ended this turn: keep only what reached the stream, and end the log as that
