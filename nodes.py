@@ -14,6 +14,7 @@ from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn
 from pocketchat.protocol import ProviderError, StorageError
 from pocketchat.records import Message, Status
+from pocketchat.store import save_reply
 from pocketchat.turn_log import TurnLog
 from utils.llm_stream import ChatProvider, StreamResult, stream_llm
 from utils.prompt import Snippet, build_prompt, estimate_tokens
@@ -38,8 +39,9 @@ class TitleConversation(AsyncNode):
         conversation: Conversation = shared["conversation"]
         conversation.record.title = title
         # Queued, not awaited: the turn's later writes land after it, and waiting for the writer
-        # thread would hold up the first chunk when many turns start at once.
-        shared["store"].update_conversation(conversation.record)
+        # thread would hold up the first chunk when many turns start at once. Written only if the
+        # conversation has no title yet: a rename on another replica meanwhile wins.
+        shared["store"].name_conversation(conversation.record)
         shared["log"].append(protocol.conversation(conversation.record))
 
 
@@ -69,6 +71,12 @@ class BuildPrompt(AsyncNode):
 
     async def post_async(self, shared: dict[str, Any], inputs: PromptInputs, prompt: list[dict[str, str]]) -> None:
         shared["prompt"] = prompt
+
+
+NOT_SAVED_YET = (
+    "The database has not saved this reply yet (it does not answer). The reply is kept and will be saved "
+    "when the database answers."
+)
 
 
 @dataclass
@@ -181,17 +189,25 @@ class SaveReply(AsyncNode):
     """Record the reply in the history and the database, however it ended (the user message was
     stored with the turn's start: a turn is recorded whole or as failed, never half)."""
 
-    async def prep_async(self, shared: dict[str, Any]) -> Message:
-        return shared["turn"].reply_so_far()
+    async def prep_async(self, shared: dict[str, Any]) -> Turn:
+        return shared["turn"]
 
-    async def post_async(self, shared: dict[str, Any], reply: Message, _: None) -> None:
+    async def post_async(self, shared: dict[str, Any], turn: Turn, _: None) -> None:
         conversation: Conversation = shared["conversation"]
+        # With replicas, another replica may have ended this turn while this one was paused, and stored
+        # it as its sockets saw it: then this replica keeps that, and writes nothing over it.
+        if not await shared["log"].confirm() or turn.fenced:
+            conversation.history.append(turn.reply_taken_over())
+            return
+        reply = turn.reply_so_far()
         conversation.history.append(reply)
         try:
-            await shared["store"].save_messages(conversation.id, [reply])
+            await save_reply(shared["store"], conversation.id, reply)
         except StorageError as error:
             # The reply stays in the history, and the store writes it when the database recovers.
             error.message += " The reply is kept and will be saved when the database works again."
-            error.turn_id = reply.turn_id
+            error.turn_id = turn.id
             reply.status, reply.error = "error", reply.error or error.message
             shared["log"].append(protocol.error(error))
+        except TimeoutError:
+            shared["log"].append(protocol.error(StorageError(NOT_SAVED_YET, turn.id)))

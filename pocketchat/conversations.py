@@ -58,6 +58,9 @@ class Turn:
     started_at: float = field(default_factory=time.monotonic)
     task: asyncio.Task[None] | None = None
     failure: str | None = None  # why the turn could not go on (Redis lost, with replicas)
+    # With replicas: another replica ended this turn (this one looked dead), and stored it as its
+    # sockets saw it; the turn's record is no longer this replica's to write.
+    fenced: bool = False
     error_kind: str | None = None  # what failed the provider, if it failed (for /metrics)
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set when it has ended, here or elsewhere
 
@@ -68,6 +71,13 @@ class Turn:
         if snapshot["steps"]:
             self.reply.meta["steps"] = snapshot["steps"]
         return self.reply
+
+    def reply_taken_over(self) -> Message:
+        """The reply of a fenced turn, as the replica that took it over stored it: what reached the
+        shared log, interrupted."""
+        reply = self.reply_so_far()
+        reply.status, reply.error = "interrupted", self.failure
+        return reply
 
 
 class Conversation:
@@ -301,13 +311,15 @@ class Hub:
                     return None
                 loaded = record, []  # its first turn may have started there, its rows not landed yet
             record, history = loaded
-            for message in history:
-                # Not live here, so no turn is writing it: whatever cut it short, it was interrupted.
-                if message.status == "streaming":
-                    message.status = "interrupted"
             conversation = Conversation(record, history, stored=stored, new_log=self._new_log)
             if self.coordinator is not None:
-                await self.coordinator.adopt(conversation)  # its turn may run on another replica
+                # Its turn may run on another replica, or have ended there since the store was read.
+                await self.coordinator.adopt(conversation)
+            for message in conversation.history:
+                # Not running, here or elsewhere (a mirrored turn's reply joins the history at its end):
+                # whatever cut it short, it was interrupted.
+                if message.status == "streaming":
+                    message.status = "interrupted"
             return self._keep(conversation)
         finally:
             del self._loading[conversation_id]

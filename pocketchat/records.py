@@ -74,6 +74,10 @@ class Message:
         return wire
 
 
+# The fields of a conversation's record that can be changed (PATCH), each written on its own.
+RECORD_FIELDS = ("title", "model", "system_prompt")
+
+
 @dataclass
 class ConversationRecord:
     model: str

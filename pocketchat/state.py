@@ -114,7 +114,7 @@ class AppState:
             if not conversation.record.model:
                 conversation.record.model = model
                 if conversation.stored:
-                    self.store.update_conversation(conversation.record)
+                    self.store.update_conversation(conversation.record, ["model"])
                 conversation.broadcast(protocol.conversation(conversation.record))
 
     async def aclose(self) -> None:

@@ -46,6 +46,10 @@ class TurnLog(Protocol):
     def close(self) -> None:
         """No more entries; followers stop after the last one."""
 
+    async def confirm(self) -> bool:
+        """Whether this process may still write the turn's record: with replicas, everything appended so
+        far is in the shared log and the turn is still this replica's (it was not taken over)."""
+
 
 STEP_PREFIX = '{"type":"step"'  # how an encoded step frame begins (protocol.encode keeps key order)
 
@@ -61,6 +65,7 @@ class InProcessTurnLog:
         self.turn_id = turn_id
         self._entries: list[str] = []
         self._keys: list[tuple[int, int]] = []
+        # One item per chunk in both (reasoning "" for a chunk without): the reply up to any seq.
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._unread: list[str] = []  # mirrored chunk frames not decoded yet
@@ -69,6 +74,8 @@ class InProcessTurnLog:
         self._since_chunk = 0
         self._closed = False
         self._grown = asyncio.Event()
+        self._cuts = 0  # how many times entries were dropped from the end (`_cut`), and where the last cut was
+        self._cut_at = 0
 
     @property
     def seq(self) -> int:
@@ -77,9 +84,23 @@ class InProcessTurnLog:
     def _push(self, key: tuple[int, int], text: str) -> None:
         self._keys.append(key)
         self._entries.append(text)
+        self._wake()
+
+    def _wake(self) -> None:
         # Wake the followers waiting now; the next waiters get a fresh event.
         self._grown.set()
         self._grown = asyncio.Event()
+
+    def _cut(self, keep: int) -> None:
+        """Drop every entry after the first `keep` (a produced log's, whose turn was taken over)."""
+        del self._entries[keep:], self._keys[keep:]
+        self._seq, self._since_chunk = self._keys[-1] if self._keys else (0, 0)
+        del self._content[self._seq :], self._reasoning[self._seq :]
+        self._cuts, self._cut_at = self._cuts + 1, keep
+
+    def _shown(self) -> int:
+        """How many entries followers may read (a produced log may hold some back)."""
+        return len(self._entries)
 
     def append(self, frame: dict[str, Any]) -> None:
         self._since_chunk += 1
@@ -94,8 +115,7 @@ class InProcessTurnLog:
         self._seq += 1
         self._since_chunk = 0
         self._content.append(content)
-        if reasoning:
-            self._reasoning.append(reasoning)
+        self._reasoning.append(reasoning or "")
         self._push((self._seq, 0), protocol.encode(protocol.chunk(self.turn_id, self._seq, content, reasoning)))
         return self._seq
 
@@ -115,27 +135,39 @@ class InProcessTurnLog:
         for text in self._unread:
             frame = json.loads(text)
             self._content.append(frame["content"])
-            if frame.get("reasoning"):
-                self._reasoning.append(frame["reasoning"])
+            self._reasoning.append(frame.get("reasoning") or "")
         self._unread.clear()
+        held = self._held_seq()
         return {
             "turn_id": self.turn_id,
-            "seq": self._seq,
-            "content": "".join(self._content),
-            "reasoning": "".join(self._reasoning),
+            "seq": self._seq if held is None else held,
+            "content": "".join(self._content if held is None else self._content[:held]),
+            "reasoning": "".join(self._reasoning if held is None else self._reasoning[:held]),
             "steps": list(self._steps),
         }
 
+    def _held_seq(self) -> int | None:
+        """The seq of the last chunk followers may read, if a produced log holds later ones back."""
+        return None
+
     async def follow(self, after_seq: int) -> AsyncIterator[str]:
         position = bisect.bisect_right(self._keys, (after_seq, 0))
+        cuts = self._cuts
         while True:
-            while position < len(self._entries):
+            if cuts != self._cuts:
+                # A produced log dropped entries (its turn was taken over) and ended differently: a
+                # follower that was past the cut goes on from it, so that it gets the new end.
+                cuts, position = self._cuts, min(position, self._cut_at)
+            while position < self._shown():
                 yield self._entries[position]
                 position += 1
-            if self._closed:
-                return
+            if self._closed and position == len(self._entries):
+                return  # closed, and nothing held back any more
             await self._grown.wait()
 
     def close(self) -> None:
         self._closed = True
-        self._grown.set()
+        self._wake()  # a follower waiting for held-back entries waits on the next event, not this one
+
+    async def confirm(self) -> bool:
+        return True  # one process: nobody else can take its turns

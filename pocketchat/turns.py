@@ -11,7 +11,7 @@ from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn, TurnIds
 from pocketchat.protocol import ProtocolError
 from pocketchat.state import AppState
-from pocketchat.store import Store
+from pocketchat.store import Store, save_reply
 
 logger = logging.getLogger("pocketchat")
 CHECKPOINT_SECONDS = 2.0
@@ -50,8 +50,9 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
     shared = new_shared(state, conversation, turn)
     # The user message and an empty reply marked `streaming` are queued for the database first, so a
     # crash leaves a turn that start-up marks interrupted. Waiting for that write would delay the
-    # first chunk under load; every later write of the turn is queued after it anyway.
-    opened = state.hub.open_turn(conversation, turn)
+    # first chunk under load; every later write of the turn is queued after it anyway, and the turn's
+    # end waits (for a bounded time) for its last write only. The store logs a write that fails.
+    state.hub.open_turn(conversation, turn)
     checkpoints = asyncio.create_task(checkpoint_reply(state.store, conversation.id, turn))
     try:
         await state.coordinator.started(conversation, turn, lease)
@@ -63,7 +64,6 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         await fail_turn(state, conversation, turn, "PocketChat failed while writing this reply; see the server log.")
     finally:
         checkpoints.cancel()
-        await asyncio.gather(opened, return_exceptions=True)  # a failed write is logged by the store
         reply = turn.reply
         stats = {k: reply.meta.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
         # Counted out before its end is seen: the user's next message must not find it still running.
@@ -87,13 +87,21 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
 
 async def fail_turn(state: AppState, conversation: Conversation, turn: Turn, why: str) -> None:
     """Record a turn cut short (by a bug, or Redis lost), keeping what streamed, and tell the client."""
+    if turn.fenced:
+        # Another replica ended it and stored it; its log here already ends as it does there.
+        if not any(message is turn.reply for message in conversation.history):
+            conversation.history.append(turn.reply_taken_over())
+        return
     turn.reply_so_far()
     turn.reply.status, turn.reply.error = "error", why
     if not any(message is turn.reply for message in conversation.history):
         conversation.history.append(turn.reply)
     turn.log.append(protocol.error(ProtocolError(turn.reply.error, turn.id)))
     try:
-        await state.store.save_messages(conversation.id, [turn.reply])
+        # Bounded: turn_end does not wait on a database that does not answer; the write lands later.
+        await save_reply(state.store, conversation.id, turn.reply)
+    except TimeoutError:
+        logger.warning("turn %s: its failed reply is not saved yet; it will be when the database answers", turn.id)
     except Exception:
         logger.exception("could not record failed turn %s", turn.id)
 
@@ -103,6 +111,6 @@ async def checkpoint_reply(store: Store, conversation_id: str, turn: Turn) -> No
     saved_seq = 0
     while True:
         await asyncio.sleep(CHECKPOINT_SECONDS)
-        if turn.log.seq != saved_seq and turn.reply.status == "streaming":
+        if turn.log.seq != saved_seq and turn.reply.status == "streaming" and not turn.fenced:
             saved_seq = turn.log.seq
             store.checkpoint(conversation_id, turn.reply_so_far())

@@ -36,8 +36,11 @@ class Nginx:
         self.directory = directory
         self.port = free_port()
         config = (DEPLOY / "nginx.conf").read_text()
-        servers = "".join(f"        server 127.0.0.1:{port};\n" for port in upstreams)
-        config = re.sub(r"(        server 127\.0\.0\.1:\d+;\n)+", servers, config)
+        # The replicas' lines, with the parameters deploy/nginx.conf gives them (max_fails...).
+        lines = re.search(r"(        server 127\.0\.0\.1:\d+([^;\n]*);\n)+", config)
+        assert lines is not None, "deploy/nginx.conf lists no replica"
+        servers = "".join(f"        server 127.0.0.1:{port}{lines.group(2)};\n" for port in upstreams)
+        config = config[: lines.start()] + servers + config[lines.end() :]
         config = config.replace("listen 127.0.0.1:8000;", f"listen 127.0.0.1:{self.port};")
         (directory / "tmp").mkdir(parents=True, exist_ok=True)
         (directory / "nginx.conf").write_text(config)

@@ -578,3 +578,59 @@ def test_shutdown_is_bounded_when_the_server_stops_answering(fresh_postgres_url,
     assert failure == "TimeoutError"
     assert refused_after < 2 and closed_after < 3
     assert "2 writes could not be saved before shutdown" in caplog.text
+
+
+def test_a_final_reply_is_never_written_over_only_a_streaming_one_is(store):
+    """A producer paused past its lease wakes up and writes its reply (a checkpoint, its final save) after
+    the replica that took the turn over stored it interrupted: the stored reply stays as it is."""
+
+    async def scenario():
+        async with opened(store) as db:
+            record = ConversationRecord(model="m", system_prompt="")
+            reply = Message(role="assistant", content="", status="streaming")
+            await db.open_turn(record.id, record, [reply], [])
+            db.checkpoint(record.id, Message(**{**reply.__dict__, "content": "so far"}))
+            await db.save_interrupted(record.id, Message(**{**reply.__dict__, "content": "so far, and a bit"}))
+            db.checkpoint(record.id, Message(**{**reply.__dict__, "content": "so far, and a bit more"}))
+            woken = Message(**{**reply.__dict__, "content": "so far, and a lot more", "status": "error"})
+            await db.save_messages(record.id, [woken])
+            _, messages = await db.load(record.id)
+            return [(m.content, m.status) for m in messages]
+
+    assert asyncio.run(scenario()) == [("so far, and a bit", "interrupted")]
+
+
+def test_a_change_writes_only_its_fields_and_a_turn_names_only_an_untitled_conversation(store):
+    """Two replicas each hold a copy of the record, each a little out of date: a rename on one and a
+    model change on the other both land, and a turn's naming does not undo the rename."""
+
+    async def scenario():
+        async with opened(store) as one, opened(store, sweep_streaming=False) as two:
+            record = ConversationRecord(model="m", system_prompt="p")
+            await one.create_conversation(record)
+            here, there = ConversationRecord(**record.__dict__), ConversationRecord(**record.__dict__)
+            here.title = "Renamed here"
+            await one.update_conversation(here, ["title"])
+            there.model = "m2"
+            await two.update_conversation(there, {"model": "m2"})
+            there.title = "the first message"  # a turn there names it, not knowing of the rename
+            await two.name_conversation(there)
+            stored, _ = await one.load(record.id)
+            return stored.title, stored.model, stored.system_prompt
+
+    assert asyncio.run(scenario()) == ("Renamed here", "m2", "p")
+
+
+def test_a_deleted_conversation_is_never_stored_again(store):
+    """A replica's first turn of a conversation may reach the database after another replica deleted
+    it: it stores nothing (the conversation's later writes fail alone)."""
+
+    async def scenario():
+        async with opened(store) as db, opened(store, sweep_streaming=False) as other:
+            record = ConversationRecord(model="m", system_prompt="")
+            await other.delete_conversation(record.id)  # nothing stored yet: deleted all the same
+            late = db.open_turn(record.id, record, [Message(role="user", content="late")], [])
+            await asyncio.gather(late, db.create_conversation(record), return_exceptions=True)
+            return await db.load(record.id), await db.list_conversations("local")
+
+    assert asyncio.run(scenario()) == (None, [])

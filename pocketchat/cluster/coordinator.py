@@ -20,7 +20,7 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import asdict
 from typing import Any
 
@@ -28,11 +28,21 @@ from redis.exceptions import RedisError
 
 from pocketchat import protocol
 from pocketchat.cluster.counters import RedisCounters
-from pocketchat.cluster.redis_log import LEASE_MS, RENEW_SECONDS, Copier, Fenced, ProducedLog, RedisLink
+from pocketchat.cluster.redis_log import (
+    ENDED_STREAM_MS,
+    LEASE_MS,
+    RENEW_SECONDS,
+    TAKEN_OVER,
+    Copier,
+    Fenced,
+    ProducedLog,
+    RedisLink,
+    takeover_frames,
+)
 from pocketchat.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn, TurnIds
 from pocketchat.limits import Lease, Limits, LocalCounters, Taken
 from pocketchat.protocol import Unavailable
-from pocketchat.records import ConversationRecord, Message, new_id
+from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message, new_id
 from pocketchat.settings import Settings
 from pocketchat.store import Store
 from pocketchat.turn_log import InProcessTurnLog, TurnLog, parse_key
@@ -45,7 +55,6 @@ READ_GATHER_SECONDS = 0.005  # a follower is this much later, and reads many ent
 UNSTORED_KEEP = int(UNSTORED_KEEP_SECONDS)
 DELETE_MS = 30_000  # a deleted conversation's lease is held this long: no turn starts on it meanwhile
 LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
-TAKEN_OVER = "The replica writing this reply stopped; the reply so far is kept."
 
 
 class SingleProcess:
@@ -87,7 +96,7 @@ class SingleProcess:
     async def find_new(self, conversation_id: str) -> ConversationRecord | None:
         return None
 
-    def changed(self, conversation: Conversation) -> None:
+    def changed(self, conversation: Conversation, names: Collection[str]) -> None:
         return None
 
     async def deleting(self, conversation_id: str) -> None:
@@ -220,6 +229,10 @@ class Cluster:
             assert isinstance(turn.log, ProducedLog)
             await turn.log.copied()  # turn_start first: a replica told of the turn finds it in the stream
             await self.link.publish(event)
+            # The conversation's last turn, for as long as its stream is kept: a replica that loads the
+            # conversation once the turn has ended, before its final save lands, reads it there.
+            last = f"{turn.id} {turn.reply.id}"
+            await self.link.client.set(self._last_key(conversation.id), last, px=ENDED_STREAM_MS)
         except (RedisError, OSError) as error:
             self._lost(turn.id, error)
 
@@ -245,6 +258,7 @@ class Cluster:
         if (produced := self._produced.get(turn_id)) is None:
             return
         turn = produced[0]
+        turn.fenced = turn.fenced or isinstance(error, Fenced)  # its record is the other replica's to write
         if turn.failure is None:
             logger.warning("turn %s lost Redis: %s", turn_id, error)
             turn.failure = TAKEN_OVER if isinstance(error, Fenced) else LOST_REDIS.format(error)
@@ -272,9 +286,10 @@ class Cluster:
 
     # ---- conversation events -------------------------------------------------------------------
 
-    def changed(self, conversation: Conversation) -> None:
-        record = conversation.record
-        fields = {"title": record.title, "model": record.model, "system_prompt": record.system_prompt}
+    def changed(self, conversation: Conversation, names: Collection[str]) -> None:
+        """Tell the other replicas of the fields changed here, and of those only: another field of this
+        copy may be older than theirs."""
+        fields = {name: getattr(conversation.record, name) for name in names}
         self._background(self._publish({"kind": "changed", "conversation": conversation.id, **fields}))
 
     async def deleting(self, conversation_id: str) -> None:
@@ -308,8 +323,9 @@ class Cluster:
         elif kind == "stop" and (produced := self._produced.get(event["turn"])) is not None:
             produced[0].stop.set()
         elif kind == "changed" and live is not None:
-            for name in ("title", "model", "system_prompt"):
-                setattr(live.record, name, event[name])
+            for name in RECORD_FIELDS:
+                if name in event:
+                    setattr(live.record, name, event[name])
             live.broadcast(protocol.conversation(live.record))
         elif kind == "deleted" and live is not None:
             live.broadcast(protocol.deleted(conversation_id))
@@ -355,6 +371,30 @@ class Cluster:
             turn_id, reply_id, _ = holder.split(" ", 2)
             if turn_id not in self._produced:
                 await self._mirror(conversation, turn_id, reply_id)
+            return
+        await self._adopt_last(conversation)
+
+    async def _adopt_last(self, conversation: Conversation) -> None:
+        """No turn runs on it now, but its last turn may have ended after the database was read, or
+        before its final save landed: a turn's end (and its lease's release) reaches Redis first. Then
+        that turn's stream is its record until the save lands: it is read as a mirror that ends at once
+        (and adds the turn's messages where the database has none yet)."""
+        try:
+            last = await self.link.client.get(self._last_key(conversation.id))
+            if last is None:
+                return
+            turn_id, reply_id = last.decode().split(" ")
+            if any(m.id == reply_id and m.status != "streaming" for m in conversation.history):
+                return  # stored as it ended
+            entries = await self.link.entries(turn_id)
+        except (RedisError, OSError) as error:
+            logger.warning("could not ask Redis how conversation %s…'s last turn ended: %s", conversation.id[:6], error)
+            return
+        if entries and '"type":"turn_end"' in entries[-1][1]:
+            await self._mirror(conversation, turn_id, reply_id)
+
+    def _last_key(self, conversation_id: str) -> str:
+        return f"{self.link.prefix}last:{conversation_id}"
 
     async def _mirror(self, conversation: Conversation, turn_id: str, reply_id: str) -> None:
         if turn_id in self._mirrors or conversation.turn is not None:
@@ -396,9 +436,11 @@ class Cluster:
             conversation.turn = turn
             for subscriber in conversation.subscribers:
                 subscriber.follow(turn.log, 0)
-        elif kind == "conversation":
-            for name in ("title", "model", "system_prompt"):
-                setattr(conversation.record, name, frame[name])
+        elif kind == "conversation" and conversation.record.title is None:
+            # Only the turn's naming of an untitled conversation: a frame read again from the start of
+            # the stream may be older than this copy (renamed since), and the rest of the record comes
+            # from the database and the `changed` events, never from a turn's log.
+            conversation.record.title = frame["title"]
         elif kind == "error":
             mirror.error = frame["message"]
         elif kind == "turn_end":
@@ -413,6 +455,8 @@ class Cluster:
         reply = turn.reply
         reply.content, reply.reasoning, reply.status = snapshot["content"], snapshot["reasoning"], end["status"]
         reply.meta = {k: end.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
+        if snapshot["steps"]:
+            reply.meta["steps"] = snapshot["steps"]
         reply.error = mirror.error
         if conversation.turn is turn:
             conversation.history.append(reply)
@@ -482,8 +526,7 @@ class Cluster:
         """End a turn whose producer is gone, if nobody has (the script lets one replica only), and
         store what it streamed, marked interrupted."""
         self._elsewhere.pop(turn_id, None)
-        error = protocol.encode(protocol.error(protocol.ProtocolError(TAKEN_OVER, turn_id)))
-        end = protocol.encode(protocol.turn_end(turn_id, "interrupted", reply_id, {}))
+        error, end = takeover_frames(turn_id, reply_id)
         if await self.link.take_over(turn_id, conversation_id, replica, error, end) is None:
             return  # it ended the usual way
         logger.warning("turn %s was abandoned by its replica; ended it as interrupted", turn_id)

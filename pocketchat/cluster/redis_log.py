@@ -24,7 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -33,6 +33,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, RedisError
 
+from pocketchat import protocol
 from pocketchat.turn_log import InProcessTurnLog
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,12 @@ POOL_SIZE = 64  # connections for commands (the blocking reader has its own)
 STREAM_MS = 24 * 3600 * 1000  # a stream outlives its turn by this while it runs (a dead producer's too)
 ENDED_STREAM_MS = 10 * 60 * 1000  # after its turn ends: the stored reply is the record then
 EVENTS_MAXLEN = 10_000
+# An entry appended this long after the last copy that confirmed the turn's lease waits for the next
+# one before local sockets see it. Another replica takes a turn over only once the producer's
+# heartbeat (kept every HEARTBEAT_SECONDS by a thread) has been missing for HEARTBEAT_MS: a process
+# that ran all along is never held up by this, only one that was paused.
+FRESH_SECONDS = HEARTBEAT_MS / 1000 - 2 * HEARTBEAT_SECONDS
+TAKEN_OVER = "The replica writing this reply stopped; the reply so far is kept."
 
 # Copy the new entries of several turns at once. KEYS: stream, lease, stream, lease, ... ARGV: the
 # producer's clock (followers measure their lag by it), then for each turn: its lease value, "1" if
@@ -105,6 +112,14 @@ redis.call('XADD', KEYS[1], k .. '-' .. (n + 2), 'f', ARGV[2])
 redis.call('PEXPIRE', KEYS[1], {ENDED_STREAM_MS})
 return k
 """
+
+
+def takeover_frames(turn_id: str, reply_id: str) -> tuple[str, str]:
+    """The error and turn_end that end a turn taken over from its replica (the frames as sent): the
+    replica that takes it over appends them to its stream, and its producer, when it finds out, to its
+    own log, so that every socket sees the same end."""
+    error = protocol.encode(protocol.error(protocol.ProtocolError(TAKEN_OVER, turn_id)))
+    return error, protocol.encode(protocol.turn_end(turn_id, "interrupted", reply_id, {}))
 
 
 class Fenced(Exception):
@@ -225,12 +240,21 @@ class Batch:
     lease: str
     entries: list[tuple[str, str]]
     last: bool
+    taken_at: float = field(default_factory=time.monotonic)  # when the copy left
 
 
 class ProducedLog(InProcessTurnLog):
     """The log of a turn this replica runs: local sockets follow it at once, and the `Copier` copies
     its entries to the turn's Redis stream, in order. `failure` says why copying stopped (the lease
-    was lost, or Redis failed)."""
+    was lost, or Redis failed).
+
+    Fencing: another replica ends this turn only once this one looks dead (its heartbeat stopped for
+    seconds, or its lease lapsed), and this one finds out at its next copy. A process that was paused
+    past that (SIGSTOP, a VM pause) wakes with the provider's chunks queued on its socket: they must not
+    reach its own sockets before a copy confirms the turn is still its own. So an entry appended when
+    no copy has confirmed the lease for `FRESH_SECONDS` is held back from local followers until one
+    does; if the copy is refused instead, the held entries are dropped and the log ends the way the
+    replica that took the turn over ended it in Redis: local sockets see what every other socket saw."""
 
     def __init__(self, turn_id: str, conversation_id: str, lease: str, copier: "Copier") -> None:
         super().__init__(turn_id)
@@ -244,13 +268,43 @@ class ProducedLog(InProcessTurnLog):
         self._all_copied.set()
         self._ending = False  # turn_end is in: the next copy is the last, and lets the lease go
         self._released = False
+        self._confirmed_at = time.monotonic()  # the lease was just taken
+        self._copied = 0  # how many of the entries are in the stream
+        self._held_from: int | None = None  # entries from here on wait for a copy to confirm the lease
+        self.taken_over = False  # another replica ended the turn: nothing more is appended here
+
+    # ---- appending: held back while the lease is unconfirmed, dropped once the turn is taken over
+
+    def append(self, frame: dict[str, Any]) -> None:
+        if not self.taken_over:
+            super().append(frame)
+
+    def append_chunk(self, content: str, reasoning: str | None = None) -> int:
+        return self.seq if self.taken_over else super().append_chunk(content, reasoning)
 
     def _push(self, key: tuple[int, int], text: str) -> None:
-        super()._push(key, text)
         if self.failure is None:
+            if self._held_from is None and time.monotonic() - self._confirmed_at > FRESH_SECONDS:
+                self._held_from = len(self._entries)
             self._unsent.append((f"{key[0]}-{key[1]}", text))
             self._all_copied.clear()
             self.copier.mark(self)
+        super()._push(key, text)
+
+    def _shown(self) -> int:
+        return len(self._entries) if self._held_from is None else self._held_from
+
+    def _held_seq(self) -> int | None:
+        if self._held_from is None:
+            return None
+        return self._keys[self._held_from - 1][0] if self._held_from else 0
+
+    def _show_all(self) -> None:
+        if self._held_from is not None:
+            self._held_from = None
+            self._wake()
+
+    # ---- copying ---------------------------------------------------------------------------------
 
     def take(self) -> Batch:
         """What is to be copied now; `settle` says how it went."""
@@ -262,17 +316,64 @@ class ProducedLog(InProcessTurnLog):
     def settle(self, batch: Batch, error: Exception | None) -> None:
         self._in_flight -= 1
         if error is None:
-            self._released = batch.last
+            if not self.taken_over:  # else an earlier call's answer, come after the turn was found taken over
+                self._landed(batch)
         elif self.failure is None:
-            self.failure = error
-            self._unsent = []
-            self.copier.on_failure(self.turn_id, error)
+            if isinstance(error, Fenced):
+                self._end_taken_over(error)
+            else:
+                self.failure = error
+                self._unsent = []
+                self._show_all()  # Redis failed: nobody else can end the turn, so its own sockets see it all
+                self.copier.on_failure(self.turn_id, error)
         if (not self._unsent or self.failure is not None) and not self._in_flight:
             self._all_copied.set()
+
+    def _landed(self, batch: Batch) -> None:
+        self._released = batch.last
+        self._copied += len(batch.entries)
+        # The script found the lease when it ran, at the earliest when the call left.
+        self._confirmed_at = max(self._confirmed_at, batch.taken_at)
+        if time.monotonic() - self._confirmed_at <= FRESH_SECONDS:
+            self._show_all()
+
+    def _end_taken_over(self, error: Exception) -> None:
+        """Another replica ended this turn: keep only what reached the stream, and end the log as that
+        replica ended the stream (`takeover_frames`), so that sockets here see what sockets there saw."""
+        self.failure = error
+        self._unsent = []
+        self._cut(self._copied)
+        for text in takeover_frames(self.turn_id, self.lease.split(" ")[1]):
+            self._since_chunk += 1
+            InProcessTurnLog._push(self, (self._seq, self._since_chunk), text)
+        self.taken_over = True
+        self._held_from = None
+        self._wake()
+        self.copier.on_failure(self.turn_id, error)
 
     async def copied(self) -> None:
         """Wait until every entry so far is in Redis (or copying failed)."""
         await self._all_copied.wait()
+
+    async def confirm(self) -> bool:
+        """Whether the turn is still this replica's, with everything appended so far in its stream: the
+        copy of the last entries says so, or, after a silence, the lease itself."""
+        await self.copied()
+        if self.failure is not None:
+            return not self.taken_over  # Redis failed: nobody else can have ended the turn
+        if time.monotonic() - self._confirmed_at <= FRESH_SECONDS:
+            return True
+        asked_at = time.monotonic()
+        try:
+            held = await self.copier.link.renew(self.conversation_id, self.lease)
+        except Exception as error:  # Redis fails: the turn ends with that failure, as its own
+            logger.warning("turn %s: could not confirm its lease: %s", self.turn_id, error)
+            return True
+        if held:
+            self._confirmed_at = max(self._confirmed_at, asked_at)
+        elif not self.taken_over:
+            self._end_taken_over(Fenced(f"turn {self.turn_id} lost its lease"))
+        return not self.taken_over
 
     async def finish(self) -> None:
         """turn_end is in the log: copy what is left, and with it let the turn's lease go."""

@@ -7,10 +7,10 @@ after them), commit them in groups, and keep a write the database refuses until 
 """
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
-from pocketchat.records import ConversationRecord, Message
+from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
 from pocketchat.settings import Settings
 
 
@@ -30,7 +30,13 @@ class Store(Protocol):
 
     async def create_conversation(self, record: ConversationRecord) -> None: ...
 
-    def update_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]: ...
+    def update_conversation(
+        self, record: ConversationRecord, fields: Collection[str] = RECORD_FIELDS
+    ) -> asyncio.Future[Any]:
+        """Write these fields of the record (of `RECORD_FIELDS`), and only these."""
+
+    def name_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+        """Write the record's title if the stored conversation has none yet (a turn naming it)."""
 
     async def delete_conversation(self, conversation_id: str) -> bool: ...
 
@@ -63,6 +69,15 @@ class Store(Protocol):
     async def revoke_sessions(self, session_id: str | None = None) -> int: ...
 
     async def dead_sessions(self, session_ids: list[str]) -> set[str]: ...
+
+
+SAVE_WAIT_SECONDS = 2.0  # how long a turn's end waits for its reply to be saved before it goes on
+
+
+async def save_reply(store: Store, conversation_id: str, reply: Message) -> None:
+    """Save a turn's reply, waiting SAVE_WAIT_SECONDS at most: a database that does not answer does not
+    hold up the turn's end (TimeoutError; the queued write lands later). A refusal raises StorageError."""
+    await asyncio.wait_for(asyncio.shield(store.save_messages(conversation_id, [reply])), SAVE_WAIT_SECONDS)
 
 
 def make_store(settings: Settings) -> Store:

@@ -11,15 +11,15 @@ together migrate it once. The URL may hold a password: only its host, port and d
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import asyncpg
 
-from pocketchat.protocol import StorageError
-from pocketchat.records import ConversationRecord, Message
+from pocketchat.protocol import StorageError, Unavailable
+from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
 from pocketchat.store.sqlite import MAX_UNWRITTEN, RETRY_SECONDS, session_hash
 
 logger = logging.getLogger(__name__)
@@ -32,6 +32,19 @@ CONNECT_TIMEOUT = 5.0  # seconds to reach the server; an unreachable one fails a
 COMMAND_TIMEOUT = 10.0  # seconds a statement may take before the batch counts as refused
 START_TIMEOUT = 300.0  # seconds for start-up statements: waiting for another replica's migration, the sweep
 CLOSE_TIMEOUT = 15.0  # seconds close() waits for the writer before it gives up on what is left
+READ_TIMEOUT = 3.0  # seconds a read may take; then the user is told the database is unavailable
+STALL_SECONDS = 1.0  # a write (or probe) the server has not answered for this long makes /healthz fail
+PROBE_SECONDS = 1.0  # an idle writer asks the server this often whether it answers
+PROBE_TIMEOUT = 5.0  # seconds a probe may take before the writer's connection is dropped
+# What one session may cost the others, in milliseconds, set on every connection of the app. A replica
+# frozen inside a transaction (SIGSTOP, a VM pause) keeps its row locks until the server ends its
+# session; meanwhile every other replica's one writer would wait behind them. A lock wait or a
+# statement past its bound fails that job alone, kept to be written again.
+SESSION_BOUNDS = {
+    "idle_in_transaction_session_timeout": "3000",
+    "lock_timeout": "1000",
+    "statement_timeout": "5000",
+}
 # The key of the advisory lock that serialises migrations (any constant, the same in every replica).
 SCHEMA_LOCK = 0x706F636B6574  # "pocket"
 
@@ -87,13 +100,23 @@ INSERT INTO secrets (name, value)
     ON CONFLICT (name) DO UPDATE SET value = excluded.value;
 DELETE FROM secrets WHERE name = 'access_token';
 """,
+    # Deleted conversations, for a day: a replica whose first turn of a conversation started as another
+    # deleted it must not store it again (SQLite's step 4).
+    """
+CREATE TABLE deleted_conversations (id TEXT PRIMARY KEY, deleted_at DOUBLE PRECISION NOT NULL);
+""",
 ]
+TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered
 
+# A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
+# replica that took its turn over) no later write changes it: a producer that was paused past its lease
+# and wakes up cannot write its longer reply over what the other replica stored.
 UPSERT_MESSAGE = """
 INSERT INTO messages (id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at)
 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
 ON CONFLICT (id) DO UPDATE SET content = excluded.content, reasoning = excluded.reasoning,
     status = excluded.status, error = excluded.error, meta = excluded.meta
+WHERE messages.status = 'streaming'
 """
 
 # Refusals that may pass: the database (or the way to it) fails, not the job. The job fails its caller
@@ -112,6 +135,10 @@ MAY_PASS: tuple[type[BaseException], ...] = (
     asyncpg.InsufficientPrivilegeError,  # 42501: write rights revoked (an operator restores them)
     asyncpg.LockNotAvailableError,  # 55P03
 )
+
+# Of those, the ones that fail one job and not the database: a lock another session holds too long (a
+# frozen replica's), a statement past statement_timeout. The job waits; the other jobs are written.
+JOB_REFUSED: tuple[type[BaseException], ...] = (asyncpg.LockNotAvailableError, asyncpg.QueryCanceledError)
 
 
 # Of those, the ones that say the connection itself is gone or hangs: no other job can be written on it.
@@ -135,6 +162,11 @@ def _refusal(error: BaseException) -> StorageError:
     return refusal
 
 
+def _unavailable(error: BaseException) -> Unavailable:
+    reason = f"it did not answer in {READ_TIMEOUT:g} s" if isinstance(error, TimeoutError) else str(error)
+    return Unavailable(f"PocketChat cannot reach its database now ({reason or type(error).__name__}). Try again soon.")
+
+
 def _reason(error: StorageError) -> str:
     cause = error.__cause__
     return (str(cause) or type(cause).__name__) if cause is not None else str(error)
@@ -154,11 +186,21 @@ def _count(status: str) -> int:
     return int(status.rsplit(" ", 1)[-1])
 
 
+async def _lock_conversation(db: asyncpg.Connection, conversation_id: str) -> None:
+    """Until the transaction ends, be the one writer storing or deleting this conversation: a new
+    conversation stored by one replica's writer while another's deletes it is then either deleted or
+    never stored, whichever commits first."""
+    await db.execute("SELECT pg_advisory_xact_lock(hashtext($1))", "pocketchat conversation " + conversation_id)
+
+
 async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecord) -> None:
+    await _lock_conversation(db, record.id)
     await db.execute(
         # DO NOTHING: with replicas, two may each store a new conversation they both had in memory.
+        # Never one that was deleted (a first turn on one replica, a delete on another).
         "INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
-        " VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (id) DO NOTHING",
+        " SELECT $1, $2, $3, $4, $5, $6::double precision, $7::double precision"
+        " WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = $1) ON CONFLICT (id) DO NOTHING",
         record.id,
         record.owner,
         record.title,
@@ -173,6 +215,8 @@ async def _migrate(db: asyncpg.Connection) -> None:
     """Bring the database's schema up to date. Replicas that start together queue on the advisory lock;
     each one after the first finds the steps applied and applies nothing."""
     async with db.transaction():
+        # Waiting for another replica's migration, and migrating, may take longer than any write.
+        await db.execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0")
         # The transaction-scoped lock is released by the commit (or by the server if this process dies).
         await db.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK, timeout=START_TIMEOUT)
         await db.execute(SCHEMA_VERSION_TABLE)
@@ -187,6 +231,13 @@ async def _migrate(db: asyncpg.Connection) -> None:
 
 async def _nothing(db: asyncpg.Connection) -> None:
     """The job of a retry tick: the batch is only the writes waiting to be written again."""
+
+
+class _Probe:
+    """What an idle writer's queue yields every PROBE_SECONDS: ask the server whether it answers."""
+
+
+PROBE = _Probe()
 
 
 @dataclass
@@ -214,7 +265,10 @@ class PostgresStore:
         self._pool: asyncpg.Pool | None = None  # for reads
         self._writer: asyncio.Task[None] | None = None
         self._closing = False
-        self.failure: str | None = None  # why the last write failed, while writes fail
+        self._refused: str | None = None  # why the last write failed, while writes fail
+        self._locked: dict[str | None, str] = {}  # conversations whose kept writes wait on a lock, and why
+        self._unanswered: str | None = None  # why the last probe failed, until the server answers again
+        self._waiting_since: float | None = None  # when the write (or probe) in flight left
         self._lost: BaseException | None = None  # why the server could not be reached, at the last try
         # Told (on the event loop) of a conversation whose kept writes have all landed.
         self.on_written: Callable[[str], None] | None = None
@@ -229,13 +283,15 @@ class PostgresStore:
         try:
             await _migrate(connection)
             interrupted = await self._sweep(connection) if sweep_streaming else 0
+            forgotten = "DELETE FROM deleted_conversations WHERE deleted_at < $1"
+            await connection.execute(forgotten, time.time() - TOMBSTONE_SECONDS, timeout=START_TIMEOUT)
             self._pool = await asyncpg.create_pool(
                 self._url,
                 min_size=1,
                 max_size=POOL_SIZE,
                 timeout=CONNECT_TIMEOUT,
                 command_timeout=COMMAND_TIMEOUT,
-                server_settings={"application_name": "pocketchat-reader"},
+                server_settings={"application_name": "pocketchat-reader", **SESSION_BOUNDS},
             )
         except BaseException:
             connection.terminate()
@@ -251,13 +307,23 @@ class PostgresStore:
             self._url,
             timeout=CONNECT_TIMEOUT,
             command_timeout=COMMAND_TIMEOUT,
-            server_settings={"application_name": f"pocketchat-{role}"},
+            server_settings={"application_name": f"pocketchat-{role}", **SESSION_BOUNDS},
         )
 
     @staticmethod
     async def _sweep(db: asyncpg.Connection) -> int:
         sweep = "UPDATE messages SET status = 'interrupted' WHERE status = 'streaming'"
-        return _count(await db.execute(sweep, timeout=START_TIMEOUT))
+        async with db.transaction():
+            await db.execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0")  # a big table takes long
+            return _count(await db.execute(sweep, timeout=START_TIMEOUT))
+
+    @property
+    def failure(self) -> str | None:
+        """Why writes fail now: the last batch was refused, the server did not answer the last probe, or
+        the write in flight has waited for it over STALL_SECONDS (a stall, a lock held by a frozen replica)."""
+        if self._waiting_since is not None and (waited := time.monotonic() - self._waiting_since) > STALL_SECONDS:
+            return f"the database has not answered for {waited:.0f} s"
+        return self._refused or self._unanswered
 
     async def close(self) -> None:
         """Finish the queued writes (and try the unwritten ones once more), then close. Bounded in time:
@@ -293,7 +359,8 @@ class PostgresStore:
 
     def _abandon(self) -> None:
         """The writer was given up on: tell every caller still waiting, and count what is lost."""
-        left = list(self._batch or self._unwritten)  # a batch starts with the unwritten jobs
+        batch = {id(job) for job in self._batch}
+        left = [*self._batch, *(job for job in self._unwritten if id(job) not in batch)]
         while not self._jobs.empty():
             if (job := self._jobs.get_nowait()) is not None:
                 left.append(job)
@@ -320,16 +387,36 @@ class PostgresStore:
             if job is None:
                 await self._finish()
                 return
-            await self._write_batch(self._gather(job))
+            if isinstance(job, _Probe):
+                await self._probe()
+            else:
+                await self._write_batch(self._gather(job))
 
-    async def _next_job(self) -> Job | None:
-        if not self._unwritten:
-            return await self._jobs.get()
-        # While writes wait for the database to recover, try them again every few seconds.
+    async def _next_job(self) -> Job | _Probe | None:
         try:
-            return await asyncio.wait_for(self._jobs.get(), RETRY_SECONDS)
+            # While writes wait for the database to recover, try them again every few seconds; while
+            # there is nothing to write, ask the server every second whether it answers (/healthz).
+            return await asyncio.wait_for(self._jobs.get(), RETRY_SECONDS if self._unwritten else PROBE_SECONDS)
         except TimeoutError:
-            return Job(_nothing, None, retry=False)
+            return Job(_nothing, None, retry=False) if self._unwritten else PROBE
+
+    async def _probe(self) -> None:
+        """Ask the server whether it answers, on the writer's connection (the way writes go)."""
+        if self._closing:
+            return
+        self._waiting_since = time.monotonic()
+        try:
+            db = await self._writer_connection()
+            await db.execute("SELECT 1", timeout=PROBE_TIMEOUT)
+        except Exception as error:
+            self._drop_connection()  # may hang or be broken: a new one next time
+            if self._unanswered is None:
+                logger.error("the database does not answer: %s", str(error) or type(error).__name__)
+            self._unanswered = str(error) or type(error).__name__
+        else:
+            self._unanswered = None
+        finally:
+            self._waiting_since = None
 
     def _gather(self, first: Job) -> list[Job]:
         """Group commit: the jobs queued meanwhile share one transaction, each in its own savepoint."""
@@ -350,19 +437,36 @@ class PostgresStore:
 
     async def _write_batch(self, batch: list[Job]) -> None:
         # The kept writes go first. `_unwritten` stays as it is until this attempt ends: the hub asks it.
-        self._batch = jobs = [*self._unwritten, *batch]
+        # Those that wait on a lock (JOB_REFUSED) wait for the retry tick, unless a new job of their
+        # conversation must land after them: a lock held by a frozen replica costs each batch a
+        # lock_timeout otherwise.
+        tick = any(job.work is _nothing for job in batch)
+        set_aside = set() if tick else self._locked.keys() - {job.conversation_id for job in batch}
+        skipped = [job for job in self._unwritten if job.conversation_id in set_aside]
+        retried = [job for job in self._unwritten if job.conversation_id not in set_aside]
+        self._batch = jobs = [*retried, *batch]
         started = time.perf_counter()
+        self._waiting_since = time.monotonic()
         try:
             results = await self._attempt(jobs)
         finally:
             self._batch = []
+            self._waiting_since = None
         if self.timing is not None:
             self.timing(time.perf_counter() - started)
-        kept = [job for job, _, error in results if isinstance(error, StorageError) and job.retry]
+        kept = [*skipped, *(job for job, _, error in results if isinstance(error, StorageError) and job.retry)]
         refused = [_reason(error) for _, _, error in results if isinstance(error, StorageError)]
-        self.failure = refused[0] if refused else None
+        self._locked = {job.conversation_id: self._locked[job.conversation_id] for job in skipped}
+        self._locked |= {
+            job.conversation_id: _reason(error)
+            for job, _, error in results
+            if isinstance(error, StorageError) and isinstance(error.__cause__, JOB_REFUSED) and job.conversation_id
+        }
+        self._refused = refused[0] if refused else next(iter(self._locked.values()), None)
         if refused:
-            logger.error("database writes failed (%d kept to write again): %s", len(kept), self.failure)
+            logger.error("database writes failed (%d kept to write again): %s", len(kept), self._refused)
+        if len(refused) < len(results):
+            self._unanswered = None  # it answered
         waiting = {job.conversation_id for job in self._unwritten}
         self._unwritten = kept[-MAX_UNWRITTEN:]
         for job, result, error in results:
@@ -413,11 +517,20 @@ class PostgresStore:
         """Group commit: one transaction, a savepoint per job, so that a job that fails on its own (a
         constraint) fails alone. A refusal of the database itself (full, read-only, lost) fails them all."""
         results: list[tuple[Job, Any, Exception | None]] = []
+        held: dict[str, BaseException] = {}  # conversation: why a write of it was refused (JOB_REFUSED)
         async with db.transaction():
             for job in jobs:
+                if job.conversation_id in held:  # its conversation's writes stay in order, behind it
+                    results.append((job, None, _refusal(held[job.conversation_id or ""])))
+                    continue
                 try:
                     async with db.transaction():  # nested: a savepoint
                         result = await job.work(db)
+                except JOB_REFUSED as error:
+                    # Rolled back to its savepoint: this job waits (kept), the others go on.
+                    if job.conversation_id is not None:
+                        held[job.conversation_id] = error
+                    results.append((job, None, _refusal(error)))
                 except Exception as error:
                     if may_pass(error):
                         raise
@@ -482,24 +595,62 @@ class PostgresStore:
         return done
 
     async def _read(self, work: Work[T]) -> T:
+        """Run a read on a pooled connection, in READ_TIMEOUT at most: a server that does not answer (or a
+        lost one) is `Unavailable`, said at once, not a socket that hangs or closes."""
         if self._pool is None:
             raise RuntimeError("the store is not open")
-        async with self._pool.acquire() as db:
+        try:
+            db = await self._pool.acquire(timeout=READ_TIMEOUT)
+        except Exception as error:
+            if may_pass(error):
+                raise _unavailable(error) from None
+            raise
+        timed_out = False
+
+        def time_out() -> None:
+            # The connection is closed under the read, which then fails at once: cancelling the read
+            # instead would wait for a rollback that a server which does not answer never answers.
+            nonlocal timed_out
+            timed_out = True
+            db.terminate()
+
+        timer = asyncio.get_running_loop().call_later(READ_TIMEOUT, time_out)
+        try:
             return await work(db)
+        except Exception as error:
+            if not may_pass(error):
+                raise
+            raise _unavailable(TimeoutError() if timed_out else error) from None
+        finally:
+            timer.cancel()
+            await self._pool.release(db)
 
     # ---- conversations and messages --------------------------------------------------------------
 
     async def create_conversation(self, record: ConversationRecord) -> None:
         await self._write(lambda db: _insert_conversation(db, record), record.id)
 
-    def update_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+    def update_conversation(
+        self, record: ConversationRecord, fields: Collection[str] = RECORD_FIELDS
+    ) -> asyncio.Future[Any]:
         record.updated_at = time.time()
-        row = (record.title, record.model, record.system_prompt, record.updated_at, record.id)
-        query = "UPDATE conversations SET title = $1, model = $2, system_prompt = $3, updated_at = $4 WHERE id = $5"
+        names = [name for name in RECORD_FIELDS if name in fields]  # named here, never by the caller
+        assignments = ", ".join(f"{name} = ${number}" for number, name in enumerate(names, start=3))
+        query = f"UPDATE conversations SET updated_at = $2{', ' if names else ''}{assignments} WHERE id = $1"
+        row = (record.id, record.updated_at, *(getattr(record, name) for name in names))
+        return self._write(lambda db: db.execute(query, *row), record.id)
+
+    def name_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+        record.updated_at = time.time()
+        query = "UPDATE conversations SET title = $1, updated_at = $2 WHERE id = $3 AND title IS NULL"
+        row = (record.title, record.updated_at, record.id)
         return self._write(lambda db: db.execute(query, *row), record.id)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         async def work(db: asyncpg.Connection) -> bool:
+            await _lock_conversation(db, conversation_id)
+            tombstone = "INSERT INTO deleted_conversations VALUES ($1, $2) ON CONFLICT (id) DO NOTHING"
+            await db.execute(tombstone, conversation_id, time.time())
             return _count(await db.execute("DELETE FROM conversations WHERE id = $1", conversation_id)) > 0
 
         # Not written again later: the caller tells the user it failed, and the conversation stays.

@@ -13,14 +13,14 @@ import queue
 import sqlite3
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from pocketchat.protocol import StorageError
-from pocketchat.records import ConversationRecord, Message
+from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -77,13 +77,23 @@ INSERT OR REPLACE INTO secrets (name, value)
     SELECT 'access_token_hash', token_hash(value) FROM secrets WHERE name = 'access_token';
 DELETE FROM secrets WHERE name = 'access_token';
 """,
+    # Deleted conversations, for a day: with replicas (PostgreSQL's step 3), one whose first turn of a
+    # conversation started as another deleted it must not store it again. Here for the same schema.
+    """
+CREATE TABLE deleted_conversations (id TEXT PRIMARY KEY, deleted_at REAL NOT NULL);
+""",
 ]
+TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered
 
+# A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
+# replica that took its turn over) no later write changes it: a producer that was paused past its lease
+# and wakes up cannot write its longer reply over what the other replica stored.
 UPSERT_MESSAGE = """
 INSERT INTO messages (id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at)
 VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT(id) DO UPDATE SET content=excluded.content, reasoning=excluded.reasoning,
     status=excluded.status, error=excluded.error, meta=excluded.meta
+WHERE messages.status = 'streaming'
 """
 
 
@@ -120,8 +130,9 @@ def _keep_private(path: Path) -> None:
 def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> None:
     db.execute(
         # OR IGNORE: with replicas, two may each store a new conversation they both had in memory.
+        # Never one that was deleted.
         "INSERT OR IGNORE INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
-        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        " SELECT ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = ?)",
         (
             record.id,
             record.owner,
@@ -130,6 +141,7 @@ def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> 
             record.system_prompt,
             record.created_at,
             record.updated_at,
+            record.id,
         ),
     )
 
@@ -193,6 +205,8 @@ class SqliteStore:
         _migrate(connection)
         sweep = "UPDATE messages SET status = 'interrupted' WHERE status = 'streaming'"
         interrupted = connection.execute(sweep).rowcount if sweep_streaming else 0
+        forgotten = "DELETE FROM deleted_conversations WHERE deleted_at < ?"
+        connection.execute(forgotten, (time.time() - TOMBSTONE_SECONDS,))
         connection.commit()
         self._connection = connection
         self._writer.start()
@@ -347,23 +361,28 @@ class SqliteStore:
     async def create_conversation(self, record: ConversationRecord) -> None:
         await self._write(lambda db: _insert_conversation(db, record), record.id)
 
-    def update_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+    def update_conversation(
+        self, record: ConversationRecord, fields: Collection[str] = RECORD_FIELDS
+    ) -> asyncio.Future[Any]:
         record.updated_at = time.time()
-        row = (record.title, record.model, record.system_prompt, record.updated_at, record.id)
-        return self._write(
-            lambda db: db.execute(
-                "UPDATE conversations SET title = ?, model = ?, system_prompt = ?, updated_at = ? WHERE id = ?", row
-            ),
-            record.id,
-        )
+        names = [name for name in RECORD_FIELDS if name in fields]  # named here, never by the caller
+        query = f"UPDATE conversations SET {', '.join(f'{name} = ?' for name in ['updated_at', *names])} WHERE id = ?"
+        row = (record.updated_at, *(getattr(record, name) for name in names), record.id)
+        return self._write(lambda db: db.execute(query, row), record.id)
+
+    def name_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+        record.updated_at = time.time()
+        query = "UPDATE conversations SET title = ?, updated_at = ? WHERE id = ? AND title IS NULL"
+        row = (record.title, record.updated_at, record.id)
+        return self._write(lambda db: db.execute(query, row), record.id)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
+        def work(db: sqlite3.Connection) -> bool:
+            db.execute("INSERT OR IGNORE INTO deleted_conversations VALUES (?, ?)", (conversation_id, time.time()))
+            return db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0
+
         # Not written again later: the caller tells the user it failed, and the conversation stays.
-        return await self._write(
-            lambda db: db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0,
-            conversation_id,
-            retry=False,
-        )
+        return await self._write(work, conversation_id, retry=False)
 
     async def list_conversations(self, owner: str) -> list[ConversationRecord]:
         query = "SELECT * FROM conversations WHERE owner = ? ORDER BY updated_at DESC, created_at DESC"

@@ -126,13 +126,15 @@ async def change_conversation(request: Request, conversation_id: str, changes: C
     state = chat_state(request.app)
     async with borrowed(request, conversation_id) as conversation:
         record = conversation.record
-        for name, value in changes.model_dump(exclude_none=True).items():
+        fields = changes.model_dump(exclude_none=True)
+        for name, value in fields.items():
             setattr(record, name, value)
         conversation.broadcast(protocol.conversation(record))
-        state.coordinator.changed(conversation)  # and the sockets on other replicas
+        state.coordinator.changed(conversation, fields)  # and the sockets on other replicas
         # If the database refuses the write, the change stays in memory and is written when it recovers.
+        # Only the fields changed are written: another replica may have changed the others meanwhile.
         await state.hub.ensure_stored(conversation)
-        await state.store.update_conversation(record)
+        await state.store.update_conversation(record, fields)
         return record.to_wire()
 
 
@@ -148,7 +150,9 @@ async def delete_conversation(request: Request, conversation_id: str) -> None:
                 state.coordinator.stop(turn)  # here, or on the replica that runs it
                 await asyncio.wait_for(asyncio.shield(turn.done.wait()), DELETE_WAIT_SECONDS)
             await state.coordinator.deleting(conversation.id)  # and no turn starts on another replica
-            if conversation.stored:
+            # With replicas, another replica may have stored it since this copy was loaded (a first
+            # turn that started there as this delete began): deleted in the database all the same.
+            if conversation.stored or state.settings.clustered:
                 await state.store.delete_conversation(conversation.id)
         except BaseException:
             conversation.deleting = False  # still there: it can be used, or deleted again
