@@ -73,12 +73,6 @@ class BuildPrompt(AsyncNode):
         shared["prompt"] = prompt
 
 
-NOT_SAVED_YET = (
-    "The database has not saved this reply yet (it does not answer). The reply is kept and will be saved "
-    "when the database answers."
-)
-
-
 @dataclass
 class ChatRequest:
     provider: ChatProvider
@@ -185,9 +179,16 @@ def _reply_stats(request: ChatRequest, outcome: ChatOutcome, text: str, started_
     return stats
 
 
+NOT_SAVED_YET = (
+    "The database has not saved this reply yet (it does not answer). The reply is kept and will be saved "
+    "when the database answers."
+)
+
+
 class SaveReply(AsyncNode):
     """Record the reply in the history and the database, however it ended (the user message was
-    stored with the turn's start: a turn is recorded whole or as failed, never half)."""
+    stored with the turn's start: a turn is recorded whole or as failed, never half). A turn that
+    another replica took over is recorded as that replica stored it, and not written again."""
 
     async def prep_async(self, shared: dict[str, Any]) -> Turn:
         return shared["turn"]
