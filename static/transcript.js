@@ -2,18 +2,12 @@
 // at most once per animation frame, and a streaming reply redraws only its last Markdown blocks; a long
 // history is drawn newest first in small batches so the page never freezes; the view sticks to the
 // bottom while a reply streams unless the user scrolled up.
+import { element } from "./dom.js";
 import { MarkdownView } from "./markdown.js";
 import { renderSteps } from "./steps.js";
 
 const BATCH = 25;
 const STICK_PX = 48;
-
-function element(tag, className, text) {
-  const node = document.createElement(tag);
-  if (className) node.className = className;
-  if (text !== undefined) node.textContent = text;
-  return node;
-}
 
 function describeMeta(meta) {
   if (!meta || !meta.model) return "";
