@@ -12,7 +12,7 @@ from pocketflow import AsyncNode
 
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn
-from pocketchat.protocol import ProviderError, StorageError
+from pocketchat.errors import ProviderError, StorageError
 from pocketchat.records import Message, Status
 from pocketchat.store import save_reply
 from pocketchat.turn_log import TurnLog

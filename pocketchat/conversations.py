@@ -15,8 +15,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pocketchat import protocol
-from pocketchat.protocol import NothingToRegenerate, TurnInProgress, UnknownConversation
+from pocketchat import errors, protocol
+from pocketchat.errors import NothingToRegenerate, TurnInProgress, UnknownConversation
 from pocketchat.records import ConversationRecord, Message, new_id, possible_id
 from pocketchat.store import Store
 from pocketchat.turn_log import InProcessTurnLog, TurnLog
@@ -174,7 +174,7 @@ class Conversation:
         """Start a turn for the last user message with new text, replacing it and the replies after it."""
         last_user = self._last_user_index()
         if self.history[last_user].id != message_id:
-            raise protocol.BadFrame("Only the last user message can be edited.")
+            raise errors.BadFrame("Only the last user message can be edited.")
         # Same id: clients replace the message they have with this one and drop the replies after it.
         edited = Message(role="user", content=content, id=message_id)
         return self._begin(edited, self.history[last_user:], ids or TurnIds())

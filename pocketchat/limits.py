@@ -14,7 +14,7 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Protocol
 
-from pocketchat.protocol import RateLimited, TurnInProgress
+from pocketchat.errors import RateLimited, TurnInProgress
 from pocketchat.settings import Settings
 
 MINUTE = 60.0

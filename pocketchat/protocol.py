@@ -1,16 +1,16 @@
 """The WebSocket wire format, declared once (docs/protocol.md describes the same frames).
 
 `parse_client_frame` is the one place a client frame is read; every server frame has one
-constructor here; every `error.code` is an exception class here.
+constructor here; every `error.code` is an exception class of `pocketchat/errors.py`.
 """
 
 import json
-import math
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
 
+from pocketchat.errors import BadFrame, ProtocolError, ProviderError, RateLimited, TooLarge
 from pocketchat.records import ConversationRecord
 
 PROTOCOL_VERSION = 1
@@ -35,78 +35,6 @@ ConversationId = Annotated[str, StringConstraints(strict=True, min_length=1, max
 Content = Annotated[str, StringConstraints(strict=True, pattern=r"\S"), Unicode]
 
 
-class ProtocolError(Exception):
-    """An error the client is told about in an `error` frame; the socket stays open."""
-
-    code = "internal"
-
-    def __init__(self, message: str, turn_id: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.turn_id = turn_id
-
-
-class BadFrame(ProtocolError):
-    code = "bad_frame"
-
-
-class TooLarge(ProtocolError):
-    code = "too_large"
-
-
-class TurnInProgress(ProtocolError):
-    code = "turn_in_progress"
-
-    def __init__(self, message: str = "A reply is still being written; stop it or wait for it to finish.") -> None:
-        super().__init__(message)
-
-
-class UnknownConversation(ProtocolError):
-    code = "unknown_conversation"
-
-
-class NothingToRegenerate(ProtocolError):
-    code = "nothing_to_regenerate"
-
-
-class RateLimited(ProtocolError):
-    """The user went over one of their limits; nothing already running is touched."""
-
-    code = "rate_limited"
-
-    def __init__(self, message: str, retry_after: float) -> None:
-        super().__init__(message)
-        self.retry_after = max(1, math.ceil(retry_after))  # whole seconds, as HTTP's Retry-After
-
-
-class Unavailable(ProtocolError):
-    """A service PocketChat needs (Redis, with replicas) cannot be reached; trying again later may work."""
-
-    code = "unavailable"
-
-
-class StorageError(ProtocolError):
-    """The database failed to write; what it could not write is kept in memory and written again."""
-
-    code = "storage_error"
-
-
-class ProviderError(ProtocolError):
-    """The model provider failed; `retryable` says whether trying again may help."""
-
-    code = "provider_error"
-
-    def __init__(self, message: str, status: int | None = None, retryable: bool = False, kind: str = "") -> None:
-        super().__init__(message)
-        self.status = status
-        self.retryable = retryable
-        # For /metrics: http_<status>, timeout, connection, stream_cut, unreadable, or what raised it.
-        self.kind = kind or (f"http_{status}" if status else "other")
-
-
-ERROR_CODES = [cls.code for cls in ProtocolError.__subclasses__()]
-
-
 class _Frame(BaseModel):
     # Unknown fields are ignored so that newer clients can talk to this server.
     model_config = ConfigDict(extra="ignore", frozen=True)
@@ -123,7 +51,9 @@ class Hello(_Frame):
         return self.conversation_id or self.session_id
 
 
-class Message(_Frame):
+class UserMessage(_Frame):
+    """The user's message: starts a turn."""
+
     type: Literal["message"]
     content: Content
 
@@ -143,7 +73,7 @@ class Edit(_Frame):
     content: Content
 
 
-ClientFrame = Hello | Message | Stop | Regenerate | Edit
+ClientFrame = Hello | UserMessage | Stop | Regenerate | Edit
 CLIENT_FRAME_TYPES = [frame.model_fields["type"].annotation.__args__[0] for frame in ClientFrame.__args__]
 _client_frame: TypeAdapter[ClientFrame] = TypeAdapter(Annotated[ClientFrame, Field(discriminator="type")])
 

@@ -10,8 +10,8 @@ from fastapi import FastAPI
 from pocketchat import protocol
 from pocketchat.cluster.coordinator import Cluster, SingleProcess
 from pocketchat.conversations import Conversation, Hub
+from pocketchat.errors import ProviderError
 from pocketchat.metrics import Metrics
-from pocketchat.protocol import ProviderError
 from pocketchat.settings import Settings
 from pocketchat.store import Store
 from pocketchat.web.sign_in import SignIn

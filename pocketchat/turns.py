@@ -9,7 +9,7 @@ from typing import Any
 from flow import FLOWS
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn, TurnIds
-from pocketchat.protocol import ProtocolError
+from pocketchat.errors import ProtocolError
 from pocketchat.state import AppState
 from pocketchat.store import Store, save_reply
 

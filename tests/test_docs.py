@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pocketchat import protocol
+from pocketchat import errors, protocol
 from pocketchat.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -19,7 +19,7 @@ def test_every_frame_type_is_in_the_protocol_doc(frame_type):
     assert f"| `{frame_type}` |" in PROTOCOL_DOC
 
 
-@pytest.mark.parametrize("code", [*protocol.ERROR_CODES, protocol.ProtocolError.code])
+@pytest.mark.parametrize("code", [*errors.ERROR_CODES, errors.ProtocolError.code])
 def test_every_error_code_is_in_the_protocol_doc(code):
     assert f"| `{code}` |" in PROTOCOL_DOC
 

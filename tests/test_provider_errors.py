@@ -10,7 +10,7 @@ import httpx2
 import openai
 import pytest
 
-from pocketchat.protocol import ProviderError
+from pocketchat.errors import ProviderError
 from pocketchat.providers.openai_compatible import OpenAIProvider
 from tests.fake_openai import Reply
 

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from pocketchat.conversations import Hub
-from pocketchat.protocol import StorageError
+from pocketchat.errors import StorageError
 from pocketchat.records import ConversationRecord, Message
 from pocketchat.store.sqlite import Job, SqliteStore
 

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from pocketchat.protocol import StorageError
+from pocketchat.errors import StorageError
 from pocketchat.records import ConversationRecord, Message
 from pocketchat.settings import Settings
 from pocketchat.store import Store, make_store

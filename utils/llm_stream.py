@@ -7,7 +7,7 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from pocketchat.protocol import ProviderError
+from pocketchat.errors import ProviderError
 
 # One chunk of an OpenAI chat completion stream, as JSON: {"choices": [{"delta": {...},
 # "finish_reason": ...}], "usage": {...} | None, ...}.

@@ -40,8 +40,8 @@ from pocketchat.cluster.redis_log import (
     takeover_frames,
 )
 from pocketchat.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn, TurnIds
+from pocketchat.errors import Unavailable
 from pocketchat.limits import Lease, Limits, LocalCounters, Taken
-from pocketchat.protocol import Unavailable
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message, new_id
 from pocketchat.settings import Settings
 from pocketchat.store import Store

@@ -33,7 +33,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, RedisError
 
-from pocketchat import protocol
+from pocketchat import errors, protocol
 from pocketchat.turn_log import InProcessTurnLog
 
 logger = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ def takeover_frames(turn_id: str, reply_id: str) -> tuple[str, str]:
     """The error and turn_end that end a turn taken over from its replica (the frames as sent): the
     replica that takes it over appends them to its stream, and its producer, when it finds out, to its
     own log, so that every socket sees the same end."""
-    error = protocol.encode(protocol.error(protocol.ProtocolError(TAKEN_OVER, turn_id)))
+    error = protocol.encode(protocol.error(errors.ProtocolError(TAKEN_OVER, turn_id)))
     return error, protocol.encode(protocol.turn_end(turn_id, "interrupted", reply_id, {}))
 
 

@@ -5,7 +5,7 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-from pocketchat.protocol import ProviderError
+from pocketchat.errors import ProviderError
 from pocketchat.providers.local import LocalModelMissing, LocalProvider
 from pocketchat.providers.openai_compatible import OpenAIProvider
 from pocketchat.settings import Settings

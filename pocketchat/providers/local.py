@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from pocketchat.protocol import ProviderError
+from pocketchat.errors import ProviderError
 from utils.llm_stream import Chunk
 
 logger = logging.getLogger(__name__)

@@ -10,7 +10,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 import aiohttp
 import openai
 
-from pocketchat.protocol import ProviderError
+from pocketchat.errors import ProviderError
 from utils.llm_stream import Chunk
 
 RETRYABLE_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from pocketchat.protocol import StorageError, Unavailable
+from pocketchat.errors import StorageError, Unavailable
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
 from pocketchat.store.sqlite import MAX_UNWRITTEN, RETRY_SECONDS, session_hash
 

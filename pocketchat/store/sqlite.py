@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pocketchat.protocol import StorageError
+from pocketchat.errors import StorageError
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
 
 logger = logging.getLogger(__name__)

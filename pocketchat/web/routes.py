@@ -11,10 +11,11 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, StringConstraints
 
-from pocketchat import protocol
+from pocketchat import errors, protocol
 from pocketchat.conversations import Conversation
+from pocketchat.errors import StorageError, Unavailable
 from pocketchat.export import conversation_markdown
-from pocketchat.protocol import StorageError, Unavailable, Unicode
+from pocketchat.protocol import Unicode
 from pocketchat.providers import available_models
 from pocketchat.state import chat_state
 from pocketchat.web.pages import render_page
@@ -87,7 +88,7 @@ async def borrowed(request: Request, conversation_id: str) -> AsyncIterator[Conv
     try:
         async with chat_state(request.app).hub.borrow(conversation_id, user_of(request)) as conversation:
             yield conversation
-    except protocol.UnknownConversation as error:
+    except errors.UnknownConversation as error:
         raise HTTPException(404, error.message) from None
     except (StorageError, Unavailable) as error:
         raise HTTPException(503, error.message) from None
@@ -115,7 +116,7 @@ async def count_change(request: Request) -> None:
     """Count a change of a conversation against the user's limit (unknown ids too), or answer 429."""
     try:
         await chat_state(request.app).limits.take_change(user_of(request))
-    except protocol.RateLimited as limited:
+    except errors.RateLimited as limited:
         raise HTTPException(429, limited.message, {"Retry-After": str(limited.retry_after)}) from None
 
 

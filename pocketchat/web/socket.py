@@ -23,7 +23,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
 
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn, TurnIds
-from pocketchat.protocol import BadFrame, ProtocolError, RateLimited
+from pocketchat.errors import BadFrame, ProtocolError, RateLimited
 from pocketchat.state import AppState, chat_state
 from pocketchat.turn_log import TurnLog
 from pocketchat.turns import begin_turn
@@ -236,7 +236,7 @@ class Client:
                 self.state.coordinator.stop(turn)  # here, or on the replica that runs it
             return
         begin: Callable[[TurnIds], Turn]
-        if isinstance(frame, protocol.Message):
+        if isinstance(frame, protocol.UserMessage):
             conversation = conversation or await self.hello(None)
             begin = functools.partial(conversation.begin_message, frame.content)
         elif conversation is None:
