@@ -37,7 +37,7 @@ from pocketchat.providers import make_provider
 from pocketchat.settings import Settings
 from pocketchat.state import AppState
 from pocketchat.store import make_store
-from pocketchat.web import sign_in
+from pocketchat.web import login, sign_in
 from pocketchat.web.body_limit import BodyLimit
 from pocketchat.web.routes import invalid_request, router
 from pocketchat.web.socket import chat_socket
@@ -80,7 +80,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.add_middleware(sign_in.SignInMiddleware)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
     app.add_middleware(BodyLimit)
-    app.include_router(sign_in.router)
+    app.include_router(login.router)
     app.include_router(router)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_api_websocket_route("/ws", chat_socket)
@@ -127,7 +127,7 @@ class HideSecretsInAccessLog(logging.Filter):
     def _hide(arg: object) -> object:
         if not isinstance(arg, str):
             return arg
-        return CONVERSATION_PATH.sub(r"\1\2…", sign_in.access_log_without_secrets(arg))
+        return CONVERSATION_PATH.sub(r"\1\2…", login.access_log_without_secrets(arg))
 
 
 CONVERSATION_PATH = re.compile(r"(/api/conversations/)([\w-]{6})[\w-]+")
