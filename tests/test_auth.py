@@ -15,6 +15,7 @@ from websockets.sync.client import connect
 
 import main
 from pocketchat.settings import Settings
+from pocketchat.store.sqlite import MIGRATIONS
 from tests.conftest import ROOT, AppProcess
 from tests.test_protocol import wait_for
 
@@ -478,6 +479,6 @@ def test_a_database_of_the_first_release_is_upgraded_and_its_conversations_go_to
     finally:
         app.kill()
     with sqlite3.connect(app.db_path) as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == len(MIGRATIONS)
         assert db.execute("SELECT owner FROM conversations").fetchall() == [("local",)]
         assert db.execute("SELECT count(*) FROM messages").fetchone()[0] == 4
