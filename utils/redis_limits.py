@@ -10,10 +10,8 @@ same call that takes its conversation's lease, and without Redis no turn starts 
 import logging
 import time
 
-from redis.exceptions import RedisError
-
 from utils.limits import Lease, Refused, Taken
-from utils.redis_log import RedisLink
+from utils.redis_log import REDIS_FAILURES, RedisLink
 
 logger = logging.getLogger(__name__)
 
@@ -102,7 +100,7 @@ class RedisWindow:
         try:
             args = [self.period_ms, self.limit, "0" if event is None else "1", event or ""]
             waited = await self._script(keys=[self.key(key)], args=args)
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("limit %s not checked (Redis: %s)", self.name, error)
             return 0.0
         return int(waited) / 1000
@@ -131,7 +129,7 @@ class RedisGauge:
             return False
         try:
             total = await self._script(keys=[self.key(key)], args=[self.link.prefix + "replica:"])
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("limit %s not checked (Redis: %s)", self.name, error)
             return False
         return int(total) >= self.limit
@@ -139,7 +137,7 @@ class RedisGauge:
     async def _change(self, key: str, by: int) -> None:
         try:
             await self.link.client.hincrby(self.key(key), self.link.replica, by)
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("limit %s not counted (Redis: %s)", self.name, error)
 
     async def add(self, key: str) -> None:
@@ -177,7 +175,7 @@ class RedisMessages:
                 pipe.hincrby(self.running.key(taken.user), self.link.replica, -1)
                 pipe.zrem(self.messages.key(taken.user), taken.event)
                 await pipe.execute()
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("a message's count was not given back (Redis: %s)", error)
 
     async def ended(self, user: str) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.client import Pipeline
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError, RedisError
@@ -42,6 +43,9 @@ RENEW_SECONDS = 5.0
 HEARTBEAT_MS = 3000  # a dead replica's turns are ended within this, plus a watchdog tick
 HEARTBEAT_SECONDS = 1.0
 POOL_SIZE = 64  # connections for commands (the blocking reader has its own)
+# The reader's XREAD blocks for 100 ms: an answer this late means Redis (or the way to it) stalls, and
+# /healthz says so within this rather than never.
+READ_TIMEOUT_SECONDS = 2.0
 STREAM_MS = 24 * 3600 * 1000  # a stream outlives its turn by this while it runs (a dead producer's too)
 ENDED_STREAM_MS = 10 * 60 * 1000  # after its turn ends: the stored reply is the record then
 EVENTS_MAXLEN = 10_000
@@ -107,6 +111,48 @@ return k
 """
 
 
+# What a Redis call raises when Redis fails. The clients below raise nothing else (see `Client`):
+# where code expects Redis to fail, it catches these, and a bug of its own is not taken for an outage.
+REDIS_FAILURES: tuple[type[Exception], ...] = (RedisError, OSError)
+
+
+def as_redis_failure(error: Exception) -> RedisError:
+    """Any other exception out of the Redis client, as the Redis failure it is."""
+    failure = ConnectionError(f"{type(error).__name__}: {error}")
+    failure.__cause__ = error
+    return failure
+
+
+class FailingAsRedis(Pipeline):
+    """A pipeline whose every failure is a RedisError (see `Client`)."""
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        try:
+            return await super().execute(raise_on_error)
+        except REDIS_FAILURES:
+            raise
+        except Exception as error:
+            raise as_redis_failure(error) from error
+
+
+class Client(aioredis.Redis):
+    """redis-py's client, whose every failure is a RedisError. A connection Redis closed under it can
+    raise other things: on uvloop, writing to it raises the transport's RuntimeError ("unable to
+    perform operation on <TCPTransport closed=True>"), which killed the tasks that expected Redis
+    errors only."""
+
+    async def execute_command(self, *args: Any, **options: Any) -> Any:
+        try:
+            return await super().execute_command(*args, **options)
+        except REDIS_FAILURES:
+            raise
+        except Exception as error:
+            raise as_redis_failure(error) from error
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> FailingAsRedis:
+        return FailingAsRedis(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
 class Fenced(Exception):
     """This replica's lease on a turn is gone: it may append nothing more to that turn."""
 
@@ -119,16 +165,26 @@ class RedisLink:
         self.replica = replica
         self.prefix = prefix
         # A pooled connection that Redis closed (it restarted) is found out on use: the command is sent
-        # again once on a new connection rather than failing the turn that happened to draw it.
-        again = {"retry": Retry(ExponentialBackoff(cap=0.5, base=0.05), 2), "retry_on_error": [ConnectionError]}
+        # again once on a new connection rather than failing the turn that happened to draw it (on
+        # uvloop, writing to it raises RuntimeError: the command never left, and is sent again too).
+        backoff = ExponentialBackoff(cap=0.5, base=0.05)
+        again = {"retry": Retry(backoff, 2), "retry_on_error": [ConnectionError, RuntimeError]}
         # Hundreds of turns starting at once wait their turn for a connection rather than fail: the
         # default pool refuses the 101st caller outright.
         pool = aioredis.BlockingConnectionPool.from_url(
             url, max_connections=POOL_SIZE, timeout=5, socket_timeout=5, socket_connect_timeout=5, **again
         )
-        self.client = aioredis.Redis.from_pool(pool)  # closing the client closes its pool
+        self.client = Client.from_pool(pool)  # closing the client closes its pool
         # XREAD BLOCK holds its connection: a connection of its own, so commands never wait behind it.
-        self.reader = aioredis.from_url(url, socket_connect_timeout=5, max_connections=1, **again)
+        # A read that times out is not sent again: the stall is reported at once, and the reader retries.
+        self.reader = Client.from_url(
+            url,
+            socket_connect_timeout=5,
+            socket_timeout=READ_TIMEOUT_SECONDS,
+            max_connections=1,
+            retry=Retry(backoff, 2, supported_errors=(ConnectionError,)),
+            retry_on_error=[ConnectionError, RuntimeError],
+        )
         self.events = prefix + "events"
         self._append = self.client.register_script(APPEND)
         self._renew = self.client.register_script(RENEW)
@@ -212,7 +268,7 @@ class RedisLink:
             self._stop_beating.set()
             await asyncio.to_thread(self._beating.join)
         for client in (self.client, self.reader):
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(Exception):  # closing what may already be broken
                 await client.aclose()
 
 
@@ -280,7 +336,7 @@ class ProducedLog(InProcessTurnLog):
         await self.copied()
         if not self._released and self.failure is None:
             # The last copy left before the turn knew it was the last: let the lease go on its own.
-            with contextlib.suppress(RedisError, OSError):
+            with contextlib.suppress(*REDIS_FAILURES):
                 await self.copier.link.renew(self.conversation_id, self.lease, 0)
 
 
