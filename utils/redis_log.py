@@ -92,14 +92,19 @@ return 1
 # End a turn whose producer is gone, once: only if its lease is no longer its own, or its replica's
 # heartbeat has stopped, and its stream has no turn_end yet. Its lease goes with it (fencing the
 # producer, should it be alive after all). KEYS: stream, lease, the producer's heartbeat.
-# ARGV: "<turn_id> ", the turn_end frame, the error frame.
+# ARGV: "<turn_id> ", the turn_end frame, the error frame. Returns the seq the end follows; nil if the
+# turn has ended already; ALIVE if its producer lives (it is watched on); VANISHED if its stream is
+# gone (Redis restarted empty): there is nothing to end in Redis then, and every replica that follows
+# the turn ends its own copy.
+VANISHED = -1
+ALIVE = -2
 TAKEOVER = f"""
 local holder = redis.call('GET', KEYS[2])
 local its_own = holder and string.sub(holder, 1, #ARGV[1]) == ARGV[1]
-if its_own and redis.call('EXISTS', KEYS[3]) == 1 then return nil end
+if its_own and redis.call('EXISTS', KEYS[3]) == 1 then return {ALIVE} end
 if its_own then redis.call('DEL', KEYS[2]) end
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-if #last == 0 then return nil end
+if #last == 0 then return {VANISHED} end
 if string.find(last[1][2][2], '"type":"turn_end"', 1, true) then return nil end
 local dash = string.find(last[1][1], '-', 1, true)
 local k = string.sub(last[1][1], 1, dash - 1)
@@ -207,15 +212,28 @@ class RedisLink:
         key = self.heartbeat_key(self.replica)
 
         def beat() -> None:
+            failing = False
             while True:
-                with contextlib.suppress(RedisError, OSError):
+                try:
                     beats.set(key, "1", px=HEARTBEAT_MS)
+                    failing = False
+                except Exception as error:  # whatever it is, the next beat tries again
+                    if not failing:
+                        logger.warning("heartbeat not set: %s", error, exc_info=not isinstance(error, REDIS_FAILURES))
+                    failing = True
                 if self._stop_beating.wait(HEARTBEAT_SECONDS):
-                    beats.close()
+                    with contextlib.suppress(Exception):
+                        beats.close()
                     return
 
         self._beating = threading.Thread(target=beat, name="redis-heartbeat", daemon=True)
         self._beating.start()
+
+    @property
+    def heartbeat_stopped(self) -> bool:
+        """Whether the heartbeat thread ended before it was told to: the other replicas would take
+        this one for dead and end its turns."""
+        return hasattr(self, "_beating") and not self._beating.is_alive() and not self._stop_beating.is_set()
 
     async def renew(self, conversation_id: str, value: str, ttl_ms: int = LEASE_MS) -> bool:
         return bool(await self._renew(keys=[self.lease(conversation_id)], args=[value, ttl_ms]))
@@ -244,7 +262,8 @@ class RedisLink:
 
     async def take_over(self, turn_id: str, conversation_id: str, replica: str, error: str, end: str) -> int | None:
         """Append `error` and `end` to a turn whose producer (on `replica`) is gone; the seq they
-        follow, or None if the turn is not abandoned (its producer lives, or someone ended it)."""
+        follow, None if the turn has ended (someone ended it), ALIVE if its producer lives, or
+        VANISHED if its stream is gone."""
         keys = [self.stream(turn_id), self.lease(conversation_id), self.heartbeat_key(replica)]
         seq = await self._takeover(keys=keys, args=[turn_id + " ", end, error])
         return None if seq is None else int(seq)
@@ -349,11 +368,18 @@ class Copier:
         self.on_failure = on_failure  # (turn id, why): the turn must stop
         self._waiting: dict[str, ProducedLog] = {}
         self._copying: asyncio.Task[None] | None = None
+        self.stopped: str | None = None  # why a copy task ended with an error nobody handled, if one did
 
     def mark(self, log: ProducedLog) -> None:
         self._waiting[log.turn_id] = log
         if self._copying is None or self._copying.done():
             self._copying = asyncio.get_running_loop().create_task(self._copy())
+            self._copying.add_done_callback(self._copy_ended)
+
+    def _copy_ended(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and (error := task.exception()) is not None:
+            self.stopped = repr(error)
+            logger.error("copying turns to Redis stopped", exc_info=error)
 
     async def _copy(self) -> None:
         while self._waiting:
@@ -364,7 +390,11 @@ class Copier:
                 continue
             try:
                 copied = await self.link.append([batch for _, batch in batches])
-            except (RedisError, OSError) as error:
+            except Exception as error:
+                # Every batch taken is settled, whatever failed: a turn waiting for its copy to end
+                # (`finish`) must not wait forever, nor the next turn of its conversation behind it.
+                if not isinstance(error, REDIS_FAILURES):
+                    logger.exception("copying turns to Redis failed")
                 for log, batch in batches:
                     log.settle(batch, error)
                 continue
