@@ -3,14 +3,14 @@
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from flow import create_chat_flow
 from state import AppState
 from utils import protocol
 from utils.conversations import Conversation, Turn, TurnIds
-from utils.protocol import ProtocolError
+from utils.protocol import ProtocolError, Unavailable
 from utils.store import Store
 
 logger = logging.getLogger("pocketchat")
@@ -52,7 +52,8 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         await state.coordinator.started(conversation, turn, lease)
         await create_chat_flow(settings.retries, settings.retry_wait).run_async(shared)
         if turn.failure is not None:
-            await fail_turn(state, conversation, turn, turn.failure)
+            # Redis lost, or the turn taken over: a service failed, not PocketChat.
+            await fail_turn(state, conversation, turn, turn.failure, Unavailable)
     except Exception:
         logger.exception("turn %s failed", turn.id)
         await fail_turn(state, conversation, turn, "PocketChat failed while writing this reply; see the server log.")
@@ -62,11 +63,12 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         reply = turn.reply
         stats = {k: reply.meta.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
         # Counted out before its end is seen: the user's next message must not find it still running.
-        await state.limits.turn_ended(conversation.record.owner)
+        # Neither this nor telling the other replicas may keep turn_end from this replica's sockets.
+        await _despite_failure(state.limits.turn_ended(conversation.record.owner), "count out turn", turn)
         state.metrics.turn_ended(turn)
         turn.log.append(protocol.turn_end(turn.id, reply.status, reply.id, stats))
         conversation.end(turn)  # over here at once: a hello now gets it as history, not as running
-        await state.coordinator.finished(conversation, turn)  # and elsewhere once its end is copied
+        await _despite_failure(state.coordinator.finished(conversation, turn), "copy the end of turn", turn)
         state.hub.release(conversation)
         logger.info(
             "turn %s conversation %s… status=%s chunks=%d ttft_ms=%s duration_ms=%d usage=%s",
@@ -80,13 +82,24 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         )
 
 
-async def fail_turn(state: AppState, conversation: Conversation, turn: Turn, why: str) -> None:
-    """Record a turn cut short (by a bug, or Redis lost), keeping what streamed, and tell the client."""
+async def _despite_failure(step: Awaitable[None], what: str, turn: Turn) -> None:
+    """A step of a turn's end that may fail (it asks Redis, with replicas) without stopping the rest."""
+    try:
+        await step
+    except Exception:
+        logger.exception("could not %s %s", what, turn.id)
+
+
+async def fail_turn(
+    state: AppState, conversation: Conversation, turn: Turn, why: str, kind: type[ProtocolError] = ProtocolError
+) -> None:
+    """Record a turn cut short, keeping what streamed, and tell the client: `kind` says by what (by
+    default a bug in PocketChat; `Unavailable` for Redis lost)."""
     turn.reply_so_far()
     turn.reply.status, turn.reply.error = "error", why
     if not any(message is turn.reply for message in conversation.history):
         conversation.history.append(turn.reply)
-    turn.log.append(protocol.error(ProtocolError(turn.reply.error, turn.id)))
+    turn.log.append(protocol.error(kind(turn.reply.error, turn.id)))
     try:
         await state.store.save_messages(conversation.id, [turn.reply])
     except Exception:
