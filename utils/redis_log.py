@@ -42,6 +42,7 @@ LEASE_MS = 30_000  # a backstop: a dead producer is noticed by its heartbeat, mu
 RENEW_SECONDS = 5.0
 HEARTBEAT_MS = 3000  # a dead replica's turns are ended within this, plus a watchdog tick
 HEARTBEAT_SECONDS = 1.0
+COPY_RETRY_SECONDS = 1.0  # a copy that Redis failed is tried again this often, for as long as a lease lives
 POOL_SIZE = 64  # connections for commands (the blocking reader has its own)
 # The reader's XREAD blocks for 100 ms: an answer this late means Redis (or the way to it) stalls, and
 # /healthz says so within this rather than never.
@@ -54,7 +55,9 @@ EVENTS_MAXLEN = 10_000
 # producer's clock (followers measure their lag by it), then for each turn: its lease value, "1" if
 # these are its last entries, how many entries, then id, frame, id, frame, ... Each turn's entries go
 # in only while it holds its lease; its last entries and the lease's release are one step, so
-# whoever sees turn_end may start the next turn. Returns 1 or 0 per turn.
+# whoever sees turn_end may start the next turn. An entry already there is skipped: a copy sent again
+# after a timeout (Redis stalled, and ran the first one when it woke up) adds only what is missing.
+# Returns 1 or 0 per turn.
 APPEND = f"""
 local i = 2
 local copied = {{}}
@@ -64,7 +67,10 @@ for t = 1, #KEYS / 2 do
   i = i + 3
   if redis.call('GET', lease) == holder then
     for e = 1, n do
-      redis.call('XADD', stream, ARGV[i], 'f', ARGV[i + 1], 't', ARGV[1])
+      local added = redis.pcall('XADD', stream, ARGV[i], 'f', ARGV[i + 1], 't', ARGV[1])
+      if type(added) == 'table' and added.err and not string.find(added.err, 'equal or smaller', 1, true) then
+        return redis.error_reply(added.err)
+      end
       i = i + 2
     end
     if last == '1' then
@@ -304,8 +310,10 @@ class Batch:
 
 class ProducedLog(InProcessTurnLog):
     """The log of a turn this replica runs: local sockets follow it at once, and the `Copier` copies
-    its entries to the turn's Redis stream, in order. `failure` says why copying stopped (the lease
-    was lost, or Redis failed)."""
+    its entries to the turn's Redis stream, in order. `failure` says why copying failed (the lease
+    was lost, or Redis failed). Redis failing does not lose the entries: they are copied again,
+    with the ones that follow (the turn's error and end), once Redis answers, for as long as the
+    lease may still be this turn's; the followers then end the turn as its own sockets did."""
 
     def __init__(self, turn_id: str, conversation_id: str, lease: str, copier: "Copier") -> None:
         super().__init__(turn_id)
@@ -313,6 +321,8 @@ class ProducedLog(InProcessTurnLog):
         self.lease = lease
         self.copier = copier
         self.failure: Exception | None = None
+        self.given_up = False  # nothing more is copied: fenced, or Redis failed longer than a lease lives
+        self._failing_since: float | None = None
         self._unsent: list[tuple[str, str]] = []
         self._in_flight = 0
         self._all_copied = asyncio.Event()
@@ -322,10 +332,16 @@ class ProducedLog(InProcessTurnLog):
 
     def _push(self, key: tuple[int, int], text: str) -> None:
         super()._push(key, text)
-        if self.failure is None:
+        if not self.given_up:
             self._unsent.append((f"{key[0]}-{key[1]}", text))
             self._all_copied.clear()
-            self.copier.mark(self)
+            if self._failing_since is None:  # else the next try takes it along
+                self.copier.mark(self)
+
+    @property
+    def waiting(self) -> bool:
+        """Whether something is to be copied: entries, or the release of the lease at the end."""
+        return not self.given_up and bool(self._unsent or (self._ending and not self._released))
 
     def take(self) -> Batch:
         """What is to be copied now; `settle` says how it went."""
@@ -338,12 +354,24 @@ class ProducedLog(InProcessTurnLog):
         self._in_flight -= 1
         if error is None:
             self._released = batch.last
-        elif self.failure is None:
-            self.failure = error
-            self._unsent = []
-            self.copier.on_failure(self.turn_id, error)
-        if (not self._unsent or self.failure is not None) and not self._in_flight:
+            self._failing_since = None
+        else:
+            self._failed(batch, error)
+        if (not self.waiting or self.failure is not None) and not self._in_flight:
             self._all_copied.set()
+
+    def _failed(self, batch: Batch, error: Exception) -> None:
+        if self.failure is None:
+            self.failure = error
+            self.copier.on_failure(self.turn_id, error)  # the turn stops; its own sockets are told
+        now = time.monotonic()
+        self._failing_since = self._failing_since or now
+        if isinstance(error, REDIS_FAILURES) and now - self._failing_since < LEASE_MS / 1000:
+            self._unsent = batch.entries + self._unsent  # in order, before what came since
+            self.copier.try_again(self)
+        else:
+            self.given_up = True  # fenced (another replica ended the turn), or the lease is gone by now
+            self._unsent = []
 
     async def copied(self) -> None:
         """Wait until every entry so far is in Redis (or copying failed)."""
@@ -353,10 +381,11 @@ class ProducedLog(InProcessTurnLog):
         """turn_end is in the log: copy what is left, and with it let the turn's lease go."""
         self._ending = True
         await self.copied()
-        if not self._released and self.failure is None:
-            # The last copy left before the turn knew it was the last: let the lease go on its own.
-            with contextlib.suppress(*REDIS_FAILURES):
-                await self.copier.link.renew(self.conversation_id, self.lease, 0)
+        if self.waiting and self.failure is None:
+            # The last copy left before the turn knew it was the last: one more, empty, lets the lease go.
+            self._all_copied.clear()
+            self.copier.mark(self)
+            await self.copied()
 
 
 class Copier:
@@ -376,6 +405,10 @@ class Copier:
             self._copying = asyncio.get_running_loop().create_task(self._copy())
             self._copying.add_done_callback(self._copy_ended)
 
+    def try_again(self, log: ProducedLog) -> None:
+        """Copy a log whose copy Redis failed again in a while."""
+        asyncio.get_running_loop().call_later(COPY_RETRY_SECONDS, self.mark, log)
+
     def _copy_ended(self, task: asyncio.Task[None]) -> None:
         if not task.cancelled() and (error := task.exception()) is not None:
             self.stopped = repr(error)
@@ -385,7 +418,7 @@ class Copier:
         while self._waiting:
             await asyncio.sleep(0)  # the rest of this tick's entries, of every turn, join the same call
             logs, self._waiting = list(self._waiting.values()), {}
-            batches = [(log, log.take()) for log in logs if log.failure is None]
+            batches = [(log, log.take()) for log in logs if log.waiting]
             if not batches:
                 continue
             try:
