@@ -269,24 +269,44 @@ def test_redis_connections_reset_under_the_replicas_cost_no_message_and_no_task(
 # 6. A frozen Redis: no reply is cut short, and /healthz says so at once
 
 
-def test_a_frozen_redis_cuts_no_reply_short_on_the_following_replica_and_health_fails_at_once(
+def test_a_redis_frozen_longer_than_a_commands_timeout_cuts_no_reply_short_and_health_fails_at_once(
     replica, fake, private_redis: PrivateRedis
 ):
     producer, follower = (replica(POCKETCHAT_REDIS_URL=private_redis.url) for _ in range(2))
     fake.queue(*replies(4, chunks=300))
     conversations = followed_turns(producer, [follower], 4)
-    # Four seconds: every heartbeat expires meanwhile (3 s), while a producer's pending copy (5 s
-    # socket timeout) outlives it.
+    # Seven seconds: every heartbeat expires meanwhile, the producers' copies time out (5 s) and are
+    # sent again while Redis still sleeps, and the replies end on the producer before Redis wakes.
     with frozen(private_redis):
         froze = time.monotonic()
-        wait_for(lambda: health(follower)[0] == 503 and health(producer)[0] == 503, timeout=3.5)
-        noticed = time.monotonic() - froze
-        time.sleep(max(0.0, 4 - noticed))
+        wait_for(lambda: health(follower)[0] == 503 and health(producer)[0] == 503, timeout=3)
+        time.sleep(max(0.0, froze + 7 - time.monotonic()))
     for here, there in conversations:
         produced, followed = ends(here, timeout=30), ends(there, timeout=30)
         assert produced[0]["status"] == followed[0]["status"] == "complete", (produced[0], followed[0])
         assert produced[1] == followed[1] == "".join(f"tok{i} " for i in range(1, 301))
     wait_for(lambda: healthy(producer) and healthy(follower), timeout=15)
+
+
+def test_a_producer_cut_off_from_redis_for_a_moment_ends_its_turn_on_the_followers_as_soon_as_it_is_back(
+    replica, fake, fault_proxy, redis_server
+):
+    link: FaultProxy = fault_proxy(redis_server)
+    producer = replica(POCKETCHAT_REDIS_URL=link.url(redis_server))
+    follower = replica()
+    fake.queue(*replies(2))
+    conversations = followed_turns(producer, [follower], 2)
+    link.cut()  # its turns end with an error; what they have not copied yet waits
+    produced = [ends(here, timeout=10) for here, _ in conversations]
+    assert [end["status"] for end, _, _ in produced] == ["error", "error"]
+    time.sleep(1.0)  # shorter than a heartbeat's life: nobody takes its turns over
+    link.heal()
+    for (_, there), (_, text, errors) in zip(conversations, produced, strict=True):
+        followed = ends(there, timeout=10)  # not a lease's 30 s later
+        assert followed[0]["status"] == "error" and followed[1:] == (text, errors), followed
+    fake.queue(Reply(tokens=["next"]))
+    conversations[0][1].send("message", content="the next one")  # its lease went with the end
+    assert conversations[0][1].until("turn_end")[-1]["status"] == "complete"
 
 
 def test_a_follower_that_sees_redis_again_first_waits_for_the_producers_heartbeat_and_catches_up(
