@@ -15,6 +15,11 @@ from utils.store import Store
 
 logger = logging.getLogger("pocketchat")
 CHECKPOINT_SECONDS = 2.0
+# A turn's end waits this long at most for its count-out of the user's limits (in Redis, with
+# replicas): a stalled Redis would hold turn_end back for its timeouts, 15 s; the count-out then
+# finishes after the end.
+COUNT_OUT_SECONDS = 1.0
+_lingering: set[asyncio.Future[None]] = set()  # steps of turns' ends that outlasted their wait: kept referenced
 
 
 async def begin_turn(state: AppState, conversation: Conversation, begin: Callable[[TurnIds], Turn], user: str) -> None:
@@ -64,7 +69,8 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         stats = {k: reply.meta.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
         # Counted out before its end is seen: the user's next message must not find it still running.
         # Neither this nor telling the other replicas may keep turn_end from this replica's sockets.
-        await _despite_failure(state.limits.turn_ended(conversation.record.owner), "count out turn", turn)
+        count_out = state.limits.turn_ended(conversation.record.owner)
+        await _despite_failure(count_out, "count out turn", turn, wait=COUNT_OUT_SECONDS)
         state.metrics.turn_ended(turn)
         turn.log.append(protocol.turn_end(turn.id, reply.status, reply.id, stats))
         conversation.end(turn)  # over here at once: a hello now gets it as history, not as running
@@ -82,12 +88,21 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         )
 
 
-async def _despite_failure(step: Awaitable[None], what: str, turn: Turn) -> None:
-    """A step of a turn's end that may fail (it asks Redis, with replicas) without stopping the rest."""
-    try:
-        await step
-    except Exception:
-        logger.exception("could not %s %s", what, turn.id)
+async def _despite_failure(step: Awaitable[None], what: str, turn: Turn, wait: float | None = None) -> None:
+    """A step of a turn's end that may fail (it asks Redis, with replicas) without stopping the rest;
+    waited for `wait` seconds at most, if given: it goes on after that, and its failure is logged."""
+    task = asyncio.ensure_future(step)
+
+    def failed(done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and (error := done.exception()) is not None:
+            logger.error("could not %s %s", what, turn.id, exc_info=error)
+
+    task.add_done_callback(failed)
+    await asyncio.wait({task}, timeout=wait)  # a wait that ends does not cancel the step
+    if not task.done():
+        logger.warning("turn %s: could not %s in %g s; it ends meanwhile", turn.id, what, wait)
+        _lingering.add(task)
+        task.add_done_callback(_lingering.discard)
 
 
 async def fail_turn(
