@@ -91,6 +91,12 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
 async def _despite_failure(step: Awaitable[None], what: str, turn: Turn, wait: float | None = None) -> None:
     """A step of a turn's end that may fail (it asks Redis, with replicas) without stopping the rest;
     waited for `wait` seconds at most, if given: it goes on after that, and its failure is logged."""
+    if wait is None:
+        try:
+            await step  # begun at once, in this task: what it does first happens before anything else
+        except Exception:
+            logger.exception("could not %s %s", what, turn.id)
+        return
     task = asyncio.ensure_future(step)
 
     def failed(done: asyncio.Future[None]) -> None:

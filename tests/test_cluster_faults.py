@@ -21,6 +21,7 @@ from tests.services import FaultProxy, PrivateRedis
 from tests.test_cluster import client, health
 from tests.test_protocol import wait_for
 from utils.background import Background
+from utils.redis_log import Copier, ProducedLog, RedisLink
 
 LONG = 500  # chunks of a reply that runs through the whole fault (10 s at 20 ms)
 FULL = "".join(f"tok{i} " for i in range(1, LONG + 1))
@@ -177,6 +178,26 @@ def test_a_background_task_that_ends_anyway_is_named_and_one_that_fails_goes_on(
     failure, rounds = asyncio.run(scenario())
     assert failure == "dying stopped (cancelled)"
     assert rounds > 3
+
+
+def test_a_turn_whose_end_is_copied_after_its_last_copy_left_lets_its_lease_go(redis_server, redis_prefix):
+    # The copy of turn_end leaves before the turn says it is the last: one more copy lets the lease go.
+    async def scenario() -> tuple[bytes | None, list[str]]:
+        link = RedisLink(redis_server, redis_prefix, "producer")
+        lease = "t1 r1 producer"
+        await link.client.set(link.lease("c1"), lease)
+        log = ProducedLog("t1", "c1", lease, Copier(link, lambda turn_id, error: None))
+        log.append({"type": "turn_start"})
+        log.append({"type": "turn_end"})
+        for _ in range(2):
+            await asyncio.sleep(0)  # its copy has left, not as the last one, and waits for Redis
+        await asyncio.wait_for(log.finish(), 5)
+        held, frames = await link.client.get(link.lease("c1")), [f for _, f in await link.entries("t1")]
+        await link.aclose()
+        return held, frames
+
+    held, frames = asyncio.run(scenario())
+    assert held is None and frames == ['{"type":"turn_start"}', '{"type":"turn_end"}']
 
 
 # 2. Redis killed and restarted empty: the turns followed elsewhere end

@@ -355,6 +355,8 @@ class ProducedLog(InProcessTurnLog):
         if error is None:
             self._released = batch.last
             self._failing_since = None
+            if self.waiting and not self._in_flight:
+                self.copier.mark(self)  # the end came after this copy left: one more lets the lease go
         else:
             self._failed(batch, error)
         if (not self.waiting or self.failure is not None) and not self._in_flight:
@@ -380,12 +382,12 @@ class ProducedLog(InProcessTurnLog):
     async def finish(self) -> None:
         """turn_end is in the log: copy what is left, and with it let the turn's lease go."""
         self._ending = True
-        await self.copied()
-        if self.waiting and self.failure is None:
-            # The last copy left before the turn knew it was the last: one more, empty, lets the lease go.
+        if self.waiting and not self._in_flight:
+            # Nothing under way carries the end (all was copied before it): one more copy, empty if
+            # need be, lets the lease go. A copy under way is followed by it when it settles.
             self._all_copied.clear()
             self.copier.mark(self)
-            await self.copied()
+        await self.copied()
 
 
 class Copier:
