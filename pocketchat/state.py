@@ -8,6 +8,7 @@ from typing import Protocol
 from fastapi import FastAPI
 
 from pocketchat import protocol
+from pocketchat.background import Background
 from pocketchat.cluster.coordinator import Cluster, SingleProcess
 from pocketchat.conversations import Conversation, Hub
 from pocketchat.errors import ProviderError
@@ -46,12 +47,17 @@ class AppState:
         self._resolving: asyncio.Task[None] | None = None
         self.draining = False  # SIGTERM: the running replies may finish before shutdown stops them
         self._sockets: dict[str, set[SignedInSocket]] = {}  # by session id
-        self._session_watch: asyncio.Task[None] | None = None
+        self._tasks = Background()
 
     async def start(self) -> None:
         await self.coordinator.start()
         await self.sign_in.start()
-        self._session_watch = asyncio.create_task(self._close_sockets_of_dead_sessions())
+        self._tasks.keep("the session watch", self._close_sockets_of_dead_sessions)
+
+    def stopped(self) -> str | None:
+        """Which background work of this process ended, if any did: it cannot serve as it should."""
+        parts = [self._tasks.failure, self.coordinator.stopped]
+        return "; ".join(part for part in parts if part) or None
 
     async def new_conversation(self, owner: str) -> Conversation:
         """A new conversation. Its model is the provider's default when known; a new chat never waits
@@ -80,20 +86,20 @@ class AppState:
             socket.sign_out()
 
     async def _close_sockets_of_dead_sessions(self) -> None:
-        # Sessions are revoked by another tab's sign-out, by --revoke-sessions in another process, or expire.
-        while True:
-            await asyncio.sleep(SESSION_CHECK_SECONDS)
-            if not self._sockets:
-                continue
-            try:
-                dead = await self.store.dead_sessions(list(self._sockets))
-            except Exception:
-                logger.exception("could not check the sessions of open sockets")
-                continue
-            for session_id in dead:
-                self.sign_in.forget(session_id)
-                for socket in self._sockets.pop(session_id, set()):
-                    socket.sign_out()
+        """A round of the session watch. Sessions are revoked by another tab's sign-out, by
+        --revoke-sessions in another process, or expire."""
+        await asyncio.sleep(SESSION_CHECK_SECONDS)
+        if not self._sockets:
+            return
+        try:
+            dead = await self.store.dead_sessions(list(self._sockets))
+        except Exception:
+            logger.exception("could not check the sessions of open sockets")
+            return
+        for session_id in dead:
+            self.sign_in.forget(session_id)
+            for socket in self._sockets.pop(session_id, set()):
+                socket.sign_out()
 
     def resolve_default_model(self) -> asyncio.Task[None]:
         """Ask the provider for its default model in the background, one request at a time."""
@@ -119,11 +125,11 @@ class AppState:
 
     async def aclose(self) -> None:
         """Stop what is streaming so its partial replies are stored, then release the resources."""
-        for task in (self._resolving, self._session_watch):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+        await self._tasks.aclose()
+        if self._resolving is not None:
+            self._resolving.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._resolving
         tasks = [turn.task for turn in self.hub.running_turns if turn.task is not None]
         if self.draining and tasks:
             # A rolling restart: the sockets were closed with 1012 and reconnect to another replica,

@@ -3,18 +3,23 @@
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from flow import FLOWS
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn, TurnIds
-from pocketchat.errors import ProtocolError
+from pocketchat.errors import ProtocolError, Unavailable
 from pocketchat.state import AppState
 from pocketchat.store import Store, save_reply
 
 logger = logging.getLogger("pocketchat")
 CHECKPOINT_SECONDS = 2.0
+# A turn's end waits this long at most for its count-out of the user's limits (in Redis, with
+# replicas): a stalled Redis would hold turn_end back for its timeouts, 15 s; the count-out then
+# finishes after the end.
+COUNT_OUT_SECONDS = 1.0
+_lingering: set[asyncio.Future[None]] = set()  # steps of turns' ends that outlasted their wait: kept referenced
 
 
 async def begin_turn(state: AppState, conversation: Conversation, begin: Callable[[TurnIds], Turn], user: str) -> None:
@@ -58,7 +63,8 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         await state.coordinator.started(conversation, turn, lease)
         await FLOWS[state.settings.flow](state.settings).run_async(shared)
         if turn.failure is not None:
-            await fail_turn(state, conversation, turn, turn.failure)
+            # Redis lost, or the turn taken over: a service failed, not PocketChat.
+            await fail_turn(state, conversation, turn, turn.failure, Unavailable)
     except Exception:
         logger.exception("turn %s failed", turn.id)
         await fail_turn(state, conversation, turn, "PocketChat failed while writing this reply; see the server log.")
@@ -67,11 +73,13 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         reply = turn.reply
         stats = {k: reply.meta.get(k) for k in ("model", "usage", "ttft_ms", "tokens_per_second")}
         # Counted out before its end is seen: the user's next message must not find it still running.
-        await state.limits.turn_ended(conversation.record.owner)
+        # Neither this nor telling the other replicas may keep turn_end from this replica's sockets.
+        count_out = state.limits.turn_ended(conversation.record.owner)
+        await _despite_failure(count_out, "count out turn", turn, wait=COUNT_OUT_SECONDS)
         state.metrics.turn_ended(turn)
         turn.log.append(protocol.turn_end(turn.id, reply.status, reply.id, stats))
         conversation.end(turn)  # over here at once: a hello now gets it as history, not as running
-        await state.coordinator.finished(conversation, turn)  # and elsewhere once its end is copied
+        await _despite_failure(state.coordinator.finished(conversation, turn), "copy the end of turn", turn)
         state.hub.release(conversation)
         logger.info(
             "turn %s conversation %s… status=%s chunks=%d ttft_ms=%s duration_ms=%d usage=%s",
@@ -85,8 +93,34 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         )
 
 
-async def fail_turn(state: AppState, conversation: Conversation, turn: Turn, why: str) -> None:
-    """Record a turn cut short (by a bug, or Redis lost), keeping what streamed, and tell the client."""
+async def _despite_failure(step: Awaitable[None], what: str, turn: Turn, wait: float | None = None) -> None:
+    """A step of a turn's end that may fail (it asks Redis, with replicas) without stopping the rest;
+    waited for `wait` seconds at most, if given: it goes on after that, and its failure is logged."""
+    if wait is None:
+        try:
+            await step  # begun at once, in this task: what it does first happens before anything else
+        except Exception:
+            logger.exception("could not %s %s", what, turn.id)
+        return
+    task = asyncio.ensure_future(step)
+
+    def failed(done: asyncio.Future[None]) -> None:
+        if not done.cancelled() and (error := done.exception()) is not None:
+            logger.error("could not %s %s", what, turn.id, exc_info=error)
+
+    task.add_done_callback(failed)
+    await asyncio.wait({task}, timeout=wait)  # a wait that ends does not cancel the step
+    if not task.done():
+        logger.warning("turn %s: could not %s in %g s; it ends meanwhile", turn.id, what, wait)
+        _lingering.add(task)
+        task.add_done_callback(_lingering.discard)
+
+
+async def fail_turn(
+    state: AppState, conversation: Conversation, turn: Turn, why: str, kind: type[ProtocolError] = ProtocolError
+) -> None:
+    """Record a turn cut short, keeping what streamed, and tell the client: `kind` says by what (by
+    default a bug in PocketChat; `Unavailable` for Redis lost)."""
     if turn.fenced:
         # Another replica ended it and stored it; its log here already ends as it does there.
         if not any(message is turn.reply for message in conversation.history):
@@ -96,7 +130,7 @@ async def fail_turn(state: AppState, conversation: Conversation, turn: Turn, why
     turn.reply.status, turn.reply.error = "error", why
     if not any(message is turn.reply for message in conversation.history):
         conversation.history.append(turn.reply)
-    turn.log.append(protocol.error(ProtocolError(turn.reply.error, turn.id)))
+    turn.log.append(protocol.error(kind(turn.reply.error, turn.id)))
     try:
         # Bounded: turn_end does not wait on a database that does not answer; the write lands later.
         await save_reply(state.store, conversation.id, turn.reply)

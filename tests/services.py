@@ -14,6 +14,7 @@ import os
 import secrets
 import shutil
 import socket
+import struct
 import subprocess
 import threading
 import time
@@ -230,6 +231,7 @@ class FaultProxy:
     - `cut()`: every open connection is closed, and new ones are closed as soon as they come, until `heal()`.
     - `stall()`: nothing more is forwarded either way, and new connections hang, until `heal()`;
       the connections stay open, as with a frozen server or a network that drops packets.
+    - `reset()`: every open connection is reset at once (TCP RST); new ones pass.
     """
 
     def __init__(self, target_host: str, target_port: int) -> None:
@@ -318,6 +320,19 @@ class FaultProxy:
             self._flowing.clear()
 
         self._call(stall())
+
+    def reset(self) -> None:
+        """Reset every open connection (a TCP RST, as a crashed host or a middlebox sends); new ones
+        pass as before. An idle client connection learns of it only when it is next used."""
+
+        async def reset() -> None:
+            for writer in list(self._writers):
+                if (sock := writer.get_extra_info("socket")) is not None:
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self._writers.discard(writer)
+                writer.transport.abort()
+
+        self._call(reset())
 
     def heal(self) -> None:
         async def heal() -> None:

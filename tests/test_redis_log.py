@@ -5,7 +5,7 @@ import asyncio
 import subprocess
 import sys
 
-from pocketchat.cluster.redis_log import Batch, RedisLink
+from pocketchat.cluster.redis_log import ALIVE, Batch, RedisLink
 from tests.conftest import ROOT
 
 
@@ -49,7 +49,7 @@ def test_a_live_producers_turn_is_not_taken_over(redis_server, redis_prefix):
         await other.aclose()
         return seq
 
-    assert run(scenario()) is None
+    assert run(scenario()) == ALIVE  # and it is watched on
 
 
 def test_redis_without_a_shared_database_is_refused_at_start(tmp_path):

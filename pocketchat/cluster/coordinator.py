@@ -24,15 +24,19 @@ from collections.abc import Callable, Collection, Coroutine
 from dataclasses import asdict
 from typing import Any
 
-from redis.exceptions import RedisError
-
 from pocketchat import protocol
+from pocketchat.background import Background
 from pocketchat.cluster.counters import RedisCounters
 from pocketchat.cluster.redis_log import (
+    ALIVE,
     ENDED_STREAM_MS,
+    HEARTBEAT_MS,
+    HEARTBEAT_SECONDS,
     LEASE_MS,
+    REDIS_FAILURES,
     RENEW_SECONDS,
     TAKEN_OVER,
+    VANISHED,
     Copier,
     Fenced,
     ProducedLog,
@@ -40,7 +44,7 @@ from pocketchat.cluster.redis_log import (
     takeover_frames,
 )
 from pocketchat.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn, TurnIds
-from pocketchat.errors import Unavailable
+from pocketchat.errors import StorageError, Unavailable
 from pocketchat.limits import Lease, Limits, LocalCounters, Taken
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message, new_id
 from pocketchat.settings import Settings
@@ -52,15 +56,22 @@ logger = logging.getLogger("pocketchat")
 WATCH_SECONDS = 0.5  # how often leases of turns running elsewhere are checked
 READ_BLOCK_MS = 100  # a newly mirrored stream joins the next read within this
 READ_GATHER_SECONDS = 0.005  # a follower is this much later, and reads many entries per call
+GAP_SECONDS = 1.0  # an answer from Redis later than this, or none for this long, is a gap in its sight
+# A missing heartbeat says its replica is dead only once Redis has been in sight without a gap for this
+# long: a live replica beats within it. After a stall (a frozen Redis expires every heartbeat at once
+# when it wakes up) the heartbeats are set again within a beat, and the turns go on.
+STEADY_SECONDS = HEARTBEAT_MS / 1000 + HEARTBEAT_SECONDS
 UNSTORED_KEEP = int(UNSTORED_KEEP_SECONDS)
 DELETE_MS = 30_000  # a deleted conversation's lease is held this long: no turn starts on it meanwhile
 LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
+LOST_LOG = "Redis, which links PocketChat's replicas, lost this reply's log (it restarted); the reply so far is kept."
 
 
 class SingleProcess:
     """One process: every turn is local, and there is nobody to tell anything."""
 
     failure: str | None = None
+    stopped: str | None = None
 
     def __init__(self, settings: Settings) -> None:
         self.limits = Limits(settings, LocalCounters())
@@ -83,6 +94,9 @@ class SingleProcess:
 
     def stop(self, turn: Turn) -> None:
         turn.stop.set()
+
+    def stop_unseen(self, conversation: Conversation, turn_id: str) -> None:
+        return None  # every turn is here: one this process has not seen has ended, or never was
 
     async def adopt(self, conversation: Conversation) -> None:
         return None
@@ -110,6 +124,28 @@ class SingleProcess:
 
     async def aclose(self) -> None:
         return None
+
+
+class Sight:
+    """Since when this replica has seen Redis answer without a gap: the reader's blocking reads and the
+    watchdog's checks both say when they were asked and answered."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+        self._last = 0.0
+
+    def answered(self, asked: float) -> None:
+        now = time.monotonic()
+        if self._since is None or now - asked > GAP_SECONDS or asked - self._last > GAP_SECONDS:
+            self._since = now
+        self._last = now
+
+    def lost(self) -> None:
+        self._since = None
+
+    @property
+    def steady(self) -> bool:
+        return self._since is not None and time.monotonic() - self._since >= STEADY_SECONDS
 
 
 class Mirror:
@@ -141,7 +177,8 @@ class Cluster:
         self._claims: dict[str, tuple[str, str]] = {}  # turn id: (conversation, lease), until its log is made
         self._events_from = "0-0"
         self.on_lag: Callable[[float], None] | None = None  # told how far behind the producer a read was
-        self._tasks: list[asyncio.Task[None]] = []
+        self._tasks = Background()
+        self._sight = Sight()
         self._pending: set[asyncio.Task[None]] = set()
 
     # ---- lifecycle -----------------------------------------------------------------------------
@@ -162,11 +199,13 @@ class Cluster:
         try:
             self._events_from = await self.link.last_event_id()
             await self._find_running_turns()
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             self.failure = str(error)  # ready says so; the reader keeps trying
             logger.warning("Redis is unreachable at start-up: %s", error)
-        loops = (self._read, self._watch, self._renew, self.counters.keep_counts)
-        self._tasks = [asyncio.create_task(loop()) for loop in loops]
+        self._tasks.keep("the Redis reader", self._read)
+        self._tasks.keep("the watchdog of turns running elsewhere", self._watch)
+        self._tasks.keep("the renewal of leases", self._renew)
+        self._tasks.keep("the refresh of the limits' counts", self.counters.refresh_counts)
 
     async def _find_running_turns(self) -> None:
         """Turns that started before this replica did: their leases say where they run."""
@@ -178,10 +217,18 @@ class Cluster:
                 self._elsewhere[turn_id] = (key.decode().removeprefix(lease_prefix), reply_id, replica)
 
     async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._tasks.aclose()
         await self.link.aclose()
+
+    @property
+    def stopped(self) -> str | None:
+        """Which of this replica's background work ended, if any did (/healthz fails then)."""
+        parts = [self._tasks.failure]
+        if self._copier.stopped is not None:
+            parts.append(f"copying to Redis stopped ({self._copier.stopped})")
+        if self.link.heartbeat_stopped:
+            parts.append("the heartbeat thread stopped")
+        return "; ".join(part for part in parts if part) or None
 
     # ---- turns that run here -------------------------------------------------------------------
 
@@ -197,7 +244,7 @@ class Cluster:
             await asyncio.shield(finishing)  # the turn that just ended here still holds the lease
         try:
             taken = await self.limits.take_message(user, lease)
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             raise Unavailable(
                 f"PocketChat cannot start a reply now: Redis, which links its replicas, is unreachable ({error}). "
                 "Try again in a moment."
@@ -213,7 +260,7 @@ class Cluster:
         await asyncio.gather(self._release(conversation.id, taken.lease.value), self.limits.give_back(taken))
 
     async def _release(self, conversation_id: str, lease: str) -> None:
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*REDIS_FAILURES):
             await self.link.renew(conversation_id, lease, 0)
 
     async def started(self, conversation: Conversation, turn: Turn, lease: str) -> None:
@@ -233,25 +280,24 @@ class Cluster:
             # conversation once the turn has ended, before its final save lands, reads it there.
             last = f"{turn.id} {turn.reply.id}"
             await self.link.client.set(self._last_key(conversation.id), last, px=ENDED_STREAM_MS)
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             self._lost(turn.id, error)
 
     async def _renew(self) -> None:
-        """Renew the leases of every turn running here, in one round trip a second."""
-        while True:
-            await asyncio.sleep(RENEW_SECONDS)
-            produced = list(self._produced.items())
-            if not produced:
-                continue
-            try:
-                held = await self.link.renew_all([(conversation, lease) for _, (_, conversation, lease) in produced])
-            except (RedisError, OSError) as error:
-                for turn_id, _ in produced:
-                    self._lost(turn_id, error)
-                continue
-            for (turn_id, _), still in zip(produced, held, strict=True):
-                if not still:
-                    self._lost(turn_id, Fenced("its lease was taken"))
+        """Renew the leases of every turn running here, in one round trip (a round of the renewals)."""
+        await asyncio.sleep(RENEW_SECONDS)
+        produced = list(self._produced.items())
+        if not produced:
+            return
+        try:
+            held = await self.link.renew_all([(conversation, lease) for _, (_, conversation, lease) in produced])
+        except REDIS_FAILURES as error:
+            for turn_id, _ in produced:
+                self._lost(turn_id, error)
+            return
+        for (turn_id, _), still in zip(produced, held, strict=True):
+            if not still:
+                self._lost(turn_id, Fenced("its lease was taken"))
 
     def _lost(self, turn_id: str, error: Exception) -> None:
         """Redis failed, or another replica ended this turn: stop it; run_turn records why."""
@@ -284,6 +330,11 @@ class Cluster:
             conversation_id = self._mirrors[turn.id].conversation.id if turn.id in self._mirrors else ""
             self._background(self._publish({"kind": "stop", "turn": turn.id, "conversation": conversation_id}))
 
+    def stop_unseen(self, conversation: Conversation, turn_id: str) -> None:
+        """A stop for a turn this replica has not heard of yet (its client saw turn_start from another
+        replica first): passed on all the same, to whichever replica runs it, if one does."""
+        self._background(self._publish({"kind": "stop", "turn": turn_id, "conversation": conversation.id}))
+
     # ---- conversation events -------------------------------------------------------------------
 
     def changed(self, conversation: Conversation, names: Collection[str]) -> None:
@@ -298,7 +349,7 @@ class Cluster:
         try:
             await self.link.client.set(self.link.lease(conversation_id), f"deleting {self.link.replica}", px=DELETE_MS)
             await self.link.client.delete(self._new_key(conversation_id))
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             raise Unavailable(f"PocketChat cannot delete it now: Redis is unreachable ({error}).") from None
 
     def deleted(self, conversation_id: str) -> None:
@@ -307,7 +358,7 @@ class Cluster:
     async def _publish(self, event: dict[str, Any]) -> None:
         try:
             await self.link.publish(event)
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("could not tell the other replicas (%s): %s", event["kind"], error)
 
     def _on_event(self, event: dict[str, Any]) -> None:
@@ -321,7 +372,10 @@ class Cluster:
                 live.stored = True  # the replica running the turn stored it
                 self._background(self._mirror(live, event["turn"], event["reply"]))
         elif kind == "stop" and (produced := self._produced.get(event["turn"])) is not None:
-            produced[0].stop.set()
+            # A stop names its conversation when a client's turn id came with it: a turn id alone
+            # stops nothing in another user's conversation.
+            if conversation_id in ("", produced[1]):
+                produced[0].stop.set()
         elif kind == "changed" and live is not None:
             for name in RECORD_FIELDS:
                 if name in event:
@@ -340,7 +394,7 @@ class Cluster:
         # does not wait on a Redis known to be down.
         if self.failure is not None:
             return
-        with contextlib.suppress(RedisError, OSError):
+        with contextlib.suppress(*REDIS_FAILURES):
             await self.link.client.set(self._new_key(record.id), json.dumps(asdict(record)), ex=UNSTORED_KEEP)
 
     def refresh_new(self, record: ConversationRecord) -> None:
@@ -349,7 +403,7 @@ class Cluster:
     async def find_new(self, conversation_id: str) -> ConversationRecord | None:
         try:
             found = await self.link.client.get(self._new_key(conversation_id))
-        except (RedisError, OSError):
+        except REDIS_FAILURES:
             return None
         return ConversationRecord(**json.loads(found)) if found is not None else None
 
@@ -364,12 +418,14 @@ class Cluster:
             await asyncio.shield(finishing)  # its turn just ended here: not one to follow
         try:
             holder = await self.link.holder(conversation.id)
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("could not ask Redis whether conversation %s… runs a turn: %s", conversation.id[:6], error)
             return
         if holder is not None and not holder.startswith("deleting "):
-            turn_id, reply_id, _ = holder.split(" ", 2)
+            turn_id, reply_id, replica = holder.split(" ", 2)
             if turn_id not in self._produced:
+                # Watched from now on, should its announcement never come: a turn followed here ends.
+                self._elsewhere.setdefault(turn_id, (conversation.id, reply_id, replica))
                 await self._mirror(conversation, turn_id, reply_id)
             return
         await self._adopt_last(conversation)
@@ -387,7 +443,7 @@ class Cluster:
             if any(m.id == reply_id and m.status != "streaming" for m in conversation.history):
                 return  # stored as it ended
             entries = await self.link.entries(turn_id)
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("could not ask Redis how conversation %s…'s last turn ended: %s", conversation.id[:6], error)
             return
         if entries and '"type":"turn_end"' in entries[-1][1]:
@@ -406,7 +462,7 @@ class Cluster:
         try:
             # What is there now, so that a `ready` sent next has it; else the reader reads it all.
             self._take(mirror, await self.link.entries(turn_id))
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("turn %s: read from its start by the reader (%s)", turn_id, error)
 
     def _take(self, mirror: Mirror, entries: list[tuple[str, str]]) -> None:
@@ -466,25 +522,27 @@ class Cluster:
         self.hub.release(conversation)
 
     async def _read(self) -> None:
-        """The one reader of this replica: events and every mirrored turn, in one blocking XREAD."""
-        while True:
-            streams = {self.link.events: self._events_from}
-            streams.update({self.link.stream(turn_id): m.last_id for turn_id, m in self._mirrors.items()})
-            try:
-                found = await self.link.reader.xread(streams, count=1000, block=READ_BLOCK_MS)
-                self.failure = None
-            except (RedisError, OSError) as error:
-                if self.failure is None:
-                    logger.warning("lost Redis: %s", error)
-                self.failure = str(error)
-                await asyncio.sleep(1)
-                continue
-            if found:
-                await asyncio.sleep(READ_GATHER_SECONDS)  # the next read then gets more per stream
-            try:
-                self._dispatch(found)
-            except Exception:
-                logger.exception("could not take what Redis sent")  # the reader must go on, whatever it was
+        """A round of the one reader of this replica: events and every mirrored turn, in one blocking XREAD."""
+        streams = {self.link.events: self._events_from}
+        streams.update({self.link.stream(turn_id): m.last_id for turn_id, m in self._mirrors.items()})
+        asked = time.monotonic()
+        try:
+            found = await self.link.reader.xread(streams, count=1000, block=READ_BLOCK_MS)
+        except REDIS_FAILURES as error:
+            self._sight.lost()
+            if self.failure is None:
+                logger.warning("lost Redis: %s", error)
+            self.failure = str(error) or type(error).__name__  # /healthz says so until a read succeeds
+            await asyncio.sleep(1)
+            return
+        self._sight.answered(asked)
+        self.failure = None
+        if found:
+            await asyncio.sleep(READ_GATHER_SECONDS)  # the next read then gets more per stream
+        try:
+            self._dispatch(found)
+        except Exception:
+            logger.exception("could not take what Redis sent")  # the reader must go on, whatever it was
 
     def _dispatch(self, found: list[Any]) -> None:
         """Hand what one XREAD returned to the events and the mirrors."""
@@ -501,49 +559,120 @@ class Cluster:
                     self.on_lag(time.time() - float(decoded[-1][1][b"t"]))
 
     async def _watch(self) -> None:
-        """Notice turns whose producer died (its replica's heartbeat stopped, or its lease went) and end
-        them `interrupted`."""
-        while True:
-            await asyncio.sleep(WATCH_SECONDS)
-            turns = list(self._elsewhere.items())
-            if not turns:
-                continue
-            try:
-                async with self.link.client.pipeline(transaction=False) as pipe:
-                    for _, (conversation_id, _, replica) in turns:
-                        pipe.get(self.link.lease(conversation_id))
-                        pipe.exists(self.link.heartbeat_key(replica))
-                    found = await pipe.execute()
-                for (turn_id, (conversation_id, reply_id, replica)), holder, alive in zip(
-                    turns, found[::2], found[1::2], strict=True
-                ):
-                    if not alive or holder is None or not holder.decode().startswith(turn_id + " "):
-                        await self._end_abandoned(turn_id, conversation_id, reply_id, replica)
-            except (RedisError, OSError) as error:
-                logger.warning("could not check the running turns: %s", error)
+        """A round of the watchdog: notice turns whose producer died (its replica's heartbeat stopped,
+        or its lease went) and end them `interrupted`."""
+        await asyncio.sleep(WATCH_SECONDS)
+        turns = list(self._elsewhere.items())
+        if not turns:
+            return
+        asked = time.monotonic()
+        try:
+            async with self.link.client.pipeline(transaction=False) as pipe:
+                for _, (conversation_id, _, replica) in turns:
+                    pipe.get(self.link.lease(conversation_id))
+                    pipe.exists(self.link.heartbeat_key(replica))
+                found = await pipe.execute()
+        except REDIS_FAILURES as error:
+            self._sight.lost()
+            logger.warning("could not check the running turns: %s", error)
+            return
+        self._sight.answered(asked)
+        # A missing heartbeat counts only while Redis has been in sight long enough (see STEADY_SECONDS).
+        heartbeats_count = self._sight.steady
+        for (turn_id, (conversation_id, reply_id, replica)), holder, alive in zip(
+            turns, found[::2], found[1::2], strict=True
+        ):
+            lease_gone = holder is None or not holder.decode().startswith(turn_id + " ")
+            if lease_gone or (not alive and heartbeats_count):
+                try:
+                    await self._end_abandoned(turn_id, conversation_id, reply_id, replica)
+                except Exception:  # the other turns are ended all the same
+                    logger.exception("turn %s: could not end it", turn_id)
 
     async def _end_abandoned(self, turn_id: str, conversation_id: str, reply_id: str, replica: str) -> None:
         """End a turn whose producer is gone, if nobody has (the script lets one replica only), and
-        store what it streamed, marked interrupted."""
-        self._elsewhere.pop(turn_id, None)
+        store what it streamed, marked interrupted. Until Redis has said, the turn stays watched; the
+        database is not waited for (the watchdog has other turns to end): a refused write is kept by
+        the store and written when the database is back."""
         error, end = takeover_frames(turn_id, reply_id)
-        if await self.link.take_over(turn_id, conversation_id, replica, error, end) is None:
+        try:
+            seq = await self.link.take_over(turn_id, conversation_id, replica, error, end)
+        except REDIS_FAILURES as failure:
+            logger.warning("turn %s: could not end it (%s); trying again", turn_id, failure)
+            return
+        if seq == ALIVE:
+            return  # its heartbeat came back meanwhile: still watched
+        self._elsewhere.pop(turn_id, None)
+        if seq is None:
             return  # it ended the usual way
+        if seq == VANISHED:
+            logger.warning("turn %s: its log is gone from Redis (a restart?); ended it here as interrupted", turn_id)
+            self._background(self._store_interrupted(conversation_id, reply_id, self._end_vanished(turn_id)))
+            return
         logger.warning("turn %s was abandoned by its replica; ended it as interrupted", turn_id)
-        log = InProcessTurnLog(turn_id)
-        for entry_id, text in await self.link.entries(turn_id):
-            log.add_entry(parse_key(entry_id), text)
-        snapshot = log.snapshot()
-        reply = Message(
-            "assistant",
-            snapshot["content"],
-            status="interrupted",
-            turn_id=turn_id,
-            id=reply_id,
-            reasoning=snapshot["reasoning"],
-            error=TAKEN_OVER,
+        try:
+            snapshot = self._snapshot_of(turn_id, await self.link.entries(turn_id))
+            reply: Message | None = self._reply_of(turn_id, reply_id, snapshot, TAKEN_OVER)
+        except REDIS_FAILURES as failure:
+            logger.warning("turn %s: could not read what it streamed (%s)", turn_id, failure)
+            reply = self._followed_reply(turn_id, TAKEN_OVER)
+        self._background(self._store_interrupted(conversation_id, reply_id, reply))
+
+    @staticmethod
+    def _reply_of(turn_id: str, reply_id: str, snapshot: dict[str, Any], why: str) -> Message:
+        """A reply taken over, as stored: its text so far (a log's snapshot), marked interrupted."""
+        content, reasoning = snapshot["content"], snapshot["reasoning"]
+        return Message(
+            "assistant", content, status="interrupted", turn_id=turn_id, id=reply_id, reasoning=reasoning, error=why
         )
-        await self.store.save_interrupted(conversation_id, reply)
+
+    @staticmethod
+    def _snapshot_of(turn_id: str, entries: list[tuple[str, str]]) -> dict[str, Any]:
+        log = InProcessTurnLog(turn_id)
+        for entry_id, text in entries:
+            log.add_entry(parse_key(entry_id), text)
+        return log.snapshot()
+
+    def _followed_reply(self, turn_id: str, why: str) -> Message | None:
+        """The reply as this replica followed it, if it did, marked interrupted."""
+        if (mirror := self._mirrors.get(turn_id)) is None:
+            return None
+        return self._reply_of(turn_id, mirror.turn.reply.id, mirror.turn.log.snapshot(), why)
+
+    def _end_vanished(self, turn_id: str) -> Message | None:
+        """End this replica's copy of a turn whose stream is gone, as the takeover would have: an error
+        and turn_end `interrupted` after the last entry it had. Its reply as followed here, if it was."""
+        if (reply := self._followed_reply(turn_id, LOST_LOG)) is None:
+            return None
+        mirror = self._mirrors[turn_id]
+        k, n = parse_key(mirror.last_id)
+        error = protocol.encode(protocol.error(Unavailable(LOST_LOG, turn_id)))
+        end = protocol.encode(protocol.turn_end(turn_id, "interrupted", reply.id, {}))
+        self._take(mirror, [(f"{k}-{n + 1}", error), (f"{k}-{n + 2}", end)])
+        return reply
+
+    async def _store_interrupted(self, conversation_id: str, reply_id: str, reply: Message | None) -> None:
+        """Store a taken-over reply as interrupted: what its stream held, or what this replica followed
+        of it, else what the database has of it already."""
+        try:
+            if reply is None:
+                reply = await self._stored_reply(conversation_id, reply_id)
+                if reply is None:
+                    return  # stored since by its own replica, or never
+            await self.store.save_interrupted(conversation_id, reply)
+        except StorageError as error:
+            # A refused write is kept and written again when the database is back.
+            logger.warning("turn of reply %s: its end is not stored yet: %s", reply_id, error.message)
+        except Exception:
+            logger.exception("could not store the interrupted reply %s", reply_id)
+
+    async def _stored_reply(self, conversation_id: str, reply_id: str) -> Message | None:
+        loaded = await self.store.load(conversation_id)
+        found = [m for m in (loaded[1] if loaded else []) if m.id == reply_id and m.status == "streaming"]
+        if not found:
+            return None
+        found[0].status, found[0].error = "interrupted", LOST_LOG
+        return found[0]
 
     @property
     def ready(self) -> bool:

@@ -28,9 +28,7 @@ import logging
 import time
 from typing import Any
 
-from redis.exceptions import RedisError
-
-from pocketchat.cluster.redis_log import RedisLink
+from pocketchat.cluster.redis_log import REDIS_FAILURES, RedisLink
 from pocketchat.limits import Lease, Refused, Taken
 
 logger = logging.getLogger(__name__)
@@ -154,7 +152,7 @@ class RedisWindow:
         try:
             args = [self.period_ms, self.limit, "1", event]
             waited = int(await self._script(keys=[self.key(key)], args=args))
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("limit %s not checked (Redis: %s)", self.name, error)
             return 0.0, event
         return (waited / 1000, None) if waited else (0.0, event)
@@ -164,7 +162,7 @@ class RedisWindow:
             return
         try:
             await self.link.client.zrem(self.key(key), event)
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("limit %s: an event not uncounted (Redis: %s)", self.name, error)
 
 
@@ -209,7 +207,7 @@ class RedisGauge:
         args = [self.limit, self.alive_prefix, self.link.replica, mine, seq, GAUGE_TTL_MS]
         try:
             taken = bool(await self._take(keys=[self.key(key)], args=args))
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("limit %s not checked (Redis: %s)", self.name, error)
             return True  # counted here; the next refresh writes it to Redis
         if not taken:
@@ -220,7 +218,7 @@ class RedisGauge:
         self.unreserve(key)
         try:
             await self.write(key)
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("limit %s not counted (Redis: %s)", self.name, error)
 
     async def refresh(self) -> None:
@@ -271,7 +269,7 @@ class RedisMessages:
                 await self.running.write(taken.user, pipe)
                 pipe.zrem(self.messages.key(taken.user), taken.event)
                 await pipe.execute()
-        except (RedisError, OSError) as error:
+        except REDIS_FAILURES as error:
             logger.warning("a message's count was not given back (Redis: %s)", error)
 
     async def ended(self, user: str) -> None:
@@ -293,10 +291,9 @@ class RedisCounters:
     def messages(self, running_limit: int, messages_limit: int) -> RedisMessages:
         return RedisMessages(self.link, self.gauge("running", running_limit), messages_limit)
 
-    async def keep_counts(self) -> None:
-        """Write this replica's gauge counts again every REFRESH_SECONDS, for as long as it runs."""
-        while True:
-            await asyncio.sleep(REFRESH_SECONDS)
-            for gauge in self.gauges:
-                with contextlib.suppress(RedisError, OSError):  # Redis away: the next round writes them
-                    await gauge.refresh()
+    async def refresh_counts(self) -> None:
+        """One round of keeping the counts: write this replica's gauge counts again after REFRESH_SECONDS."""
+        await asyncio.sleep(REFRESH_SECONDS)
+        for gauge in self.gauges:
+            with contextlib.suppress(*REDIS_FAILURES):  # Redis away: the next round writes them
+                await gauge.refresh()

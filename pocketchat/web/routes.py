@@ -53,12 +53,14 @@ async def metrics(request: Request) -> Response:
 @router.get("/healthz")
 async def healthz(request: Request) -> JSONResponse:
     """Ready: 200 while the app can serve; 503 while the database refuses writes (they are kept
-    meanwhile) or, with replicas, Redis cannot be reached. Anyone may ask (load balancers do), so it
-    says which part fails and nothing of why: the reasons are in the log, where the part logs them."""
+    meanwhile), with replicas while Redis cannot be reached, or if a background task ended. Anyone may
+    ask (load balancers do), so it says which part fails and nothing of why: the reasons are in the log."""
     state = chat_state(request.app)
     parts = {"store": state.store.failure}
     if state.settings.clustered:
         parts["redis"] = state.coordinator.failure
+    if (stopped := state.stopped()) is not None:
+        parts["tasks"] = stopped  # named only when one ended: a task that died leaves work undone
     ready = all(failure is None for failure in parts.values())
     body = {"status": "ok" if ready else "failing"}
     body |= {name: "ok" if failure is None else "failing" for name, failure in parts.items()}

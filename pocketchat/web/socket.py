@@ -234,6 +234,10 @@ class Client:
             # A stop that arrives after its turn ended, or before any, is harmless and ignored.
             if turn is not None and frame.turn_id in (None, turn.id):
                 self.state.coordinator.stop(turn)  # here, or on the replica that runs it
+            elif conversation is not None and frame.turn_id is not None:
+                # A turn that another replica started and this one has not heard of yet (its client
+                # saw turn_start there first): passed on, to whichever replica runs it.
+                self.state.coordinator.stop_unseen(conversation, frame.turn_id)
             return
         begin: Callable[[TurnIds], Turn]
         if isinstance(frame, protocol.UserMessage):
