@@ -47,8 +47,8 @@ class TurnLog(Protocol):
         """No more entries; followers stop after the last one."""
 
     async def confirm(self) -> bool:
-        """Whether this process may still write the turn's record: with replicas, everything appended so
-        far is in the shared log and the turn is still this replica's (it was not taken over)."""
+        """Whether this process may still write the turn's record: with replicas, whether the turn is
+        still this replica's (another one did not take it over while this one was frozen)."""
 
 
 STEP_PREFIX = '{"type":"step"'  # how an encoded step frame begins (protocol.encode keeps key order)

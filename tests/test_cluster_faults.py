@@ -217,7 +217,9 @@ def test_turns_followed_on_other_replicas_end_interrupted_when_redis_restarts_em
             assert end["status"] == "interrupted" and FULL.startswith(text), end
             assert [e["code"] for e in errors] == ["unavailable"]
         end, _, errors = ends(here, timeout=20)
-        assert end["status"] == "error" and [e["code"] for e in errors] == ["unavailable"]
+        # error: its copy met Redis down; interrupted: Redis was back, empty, and the lease gone, so the
+        # turn ended as a taken-over one does (as the followers ended it)
+        assert end["status"] in ("error", "interrupted") and [e["code"] for e in errors] == ["unavailable"]
     for app in (producer, *followers):
         wait_for(lambda app=app: healthy(app), timeout=20)
     # The old conversations take new messages, on any replica, followed everywhere.
@@ -251,7 +253,8 @@ def test_replicas_recover_from_redis_killed_and_restarted_round_after_round(repl
         private_redis.start()
         for producer in (on_a, on_b):  # its own client gets turn_end, whatever Redis did
             end, _, errors = ends(producer, timeout=20)
-            assert end["status"] == "error" and [e["code"] for e in errors] == ["unavailable"], (round, end)
+            assert end["status"] in ("error", "interrupted"), (round, end)  # as in the test above
+            assert [e["code"] for e in errors] == ["unavailable"], (round, end)
         for follower in (watching_a, watching_b):
             assert ends(follower, timeout=20)[0]["status"] == "interrupted", round
         wait_for(lambda: healthy(a) and healthy(b), timeout=20)

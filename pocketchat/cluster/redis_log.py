@@ -56,6 +56,12 @@ EVENTS_MAXLEN = 10_000
 # heartbeat (kept every HEARTBEAT_SECONDS by a thread) has been missing for HEARTBEAT_MS: a process
 # that ran all along is never held up by this, only one that was paused.
 FRESH_SECONDS = HEARTBEAT_MS / 1000 - 2 * HEARTBEAT_SECONDS
+# ...and only if this process itself was frozen meanwhile: its clock thread (which ticks every
+# CLOCK_SECONDS) has not ticked for FROZEN_SECONDS. A producer that ran all along while Redis stalled
+# cannot have been taken over (nobody judges its heartbeat until Redis has been steady for a while),
+# and its own sockets are not kept waiting for Redis.
+CLOCK_SECONDS = 0.1
+FROZEN_SECONDS = 0.5
 TAKEN_OVER = "The replica writing this reply stopped; the reply so far is kept."
 
 # Copy the new entries of several turns at once. KEYS: stream, lease, stream, lease, ... ARGV: the
@@ -212,6 +218,8 @@ class RedisLink:
             retry_on_error=[ConnectionError, RuntimeError],
         )
         self.events = prefix + "events"
+        self.awake_at = time.monotonic()  # kept by the clock thread (`start_heartbeat`)
+        self.thawed_at = -1.0  # when the clock thread last found the process had been frozen
         self._append = self.client.register_script(APPEND)
         self._renew = self.client.register_script(RENEW)
         self._takeover = self.client.register_script(TAKEOVER)
@@ -225,10 +233,25 @@ class RedisLink:
     def heartbeat_key(self, replica: str) -> str:
         return f"{self.prefix}replica:{replica}"
 
+    def frozen_since(self, moment: float) -> bool:
+        """Whether this process was frozen (SIGSTOP, a VM pause) at some time after `moment`: its clock
+        thread noticed a freeze end since, or it is late now (the process is just waking up)."""
+        return self.thawed_at >= moment or time.monotonic() - self.awake_at > FROZEN_SECONDS
+
     def start_heartbeat(self, url: str) -> None:
         """Keep this replica's heartbeat from a thread of its own: an event loop busy with hundreds of
-        streams must not look like a dead process."""
+        streams must not look like a dead process. A second thread keeps `awake_at`, whatever Redis does."""
         self._stop_beating = threading.Event()
+
+        def tick() -> None:
+            while not self._stop_beating.wait(CLOCK_SECONDS):
+                now = time.monotonic()
+                if now - self.awake_at > FROZEN_SECONDS:
+                    self.thawed_at = now
+                self.awake_at = now
+
+        self._ticking = threading.Thread(target=tick, name="awake-clock", daemon=True)
+        self._ticking.start()
         beats = redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2)
         key = self.heartbeat_key(self.replica)
 
@@ -307,6 +330,7 @@ class RedisLink:
         if hasattr(self, "_beating"):
             self._stop_beating.set()
             await asyncio.to_thread(self._beating.join)
+            await asyncio.to_thread(self._ticking.join)
         for client in (self.client, self.reader):
             with contextlib.suppress(Exception):  # closing what may already be broken
                 await client.aclose()
@@ -337,9 +361,10 @@ class ProducedLog(InProcessTurnLog):
     seconds, or its lease lapsed), and this one finds out at its next copy. A process that was paused
     past that (SIGSTOP, a VM pause) wakes with the provider's chunks queued on its socket: they must not
     reach its own sockets before a copy confirms the turn is still its own. So an entry appended when
-    no copy has confirmed the lease for `FRESH_SECONDS` is held back from local followers until one
-    does; if the copy is refused instead, the held entries are dropped and the log ends the way the
-    replica that took the turn over ended it in Redis: local sockets see what every other socket saw."""
+    no copy has confirmed the lease for `FRESH_SECONDS`, by a process that was just frozen, is held
+    back from local followers until one does; if the copy is refused instead, the held entries are
+    dropped and the log ends the way the replica that took the turn over ended it in Redis: local
+    sockets see what every other socket saw."""
 
     def __init__(self, turn_id: str, conversation_id: str, lease: str, copier: "Copier") -> None:
         super().__init__(turn_id)
@@ -372,7 +397,8 @@ class ProducedLog(InProcessTurnLog):
     def _push(self, key: tuple[int, int], text: str) -> None:
         if not self.given_up:
             stale = time.monotonic() - self._confirmed_at > FRESH_SECONDS
-            if self.failure is None and self._held_from is None and stale:
+            frozen = stale and self.copier.link.frozen_since(self._confirmed_at)
+            if self.failure is None and self._held_from is None and frozen:
                 self._held_from = len(self._entries)
             self._unsent.append((f"{key[0]}-{key[1]}", text))
             self._all_copied.clear()
@@ -416,8 +442,10 @@ class ProducedLog(InProcessTurnLog):
             if self.waiting and not self._in_flight:
                 self.copier.mark(self)  # the end came after this copy left: one more lets the lease go
         elif isinstance(error, Fenced):
-            if not self.taken_over:
+            if self.failure is None:
                 self._end_taken_over(error)
+            else:  # its sockets already saw the turn end when Redis failed: it is not ended again
+                self.given_up, self._unsent = True, []
         else:
             self._failed(batch, error)
         if (not self.waiting or self.failure is not None) and not self._in_flight:
@@ -468,7 +496,11 @@ class ProducedLog(InProcessTurnLog):
 
     async def confirm(self) -> bool:
         """Whether the turn is still this replica's, with everything appended so far in its stream: the
-        copy of the last entries says so, or, after a silence, the lease itself."""
+        copy of the last entries says so, or, after a silence, the lease itself. A process that ran all
+        along since the lease was last confirmed does not wait for Redis: nobody takes over a replica
+        whose heartbeat never stopped."""
+        if self.failure is None and not self.copier.link.frozen_since(self._confirmed_at):
+            return True
         await self.copied()
         if self.failure is not None:
             return not self.taken_over  # Redis failed: nobody else can have ended the turn
