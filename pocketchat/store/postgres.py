@@ -20,7 +20,8 @@ import asyncpg
 
 from pocketchat.protocol import StorageError, Unavailable
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
-from pocketchat.store.sqlite import MAX_UNWRITTEN, RETRY_SECONDS, session_hash
+from pocketchat.store import TOMBSTONE_SECONDS, session_hash
+from pocketchat.store.sqlite import MAX_UNWRITTEN, RETRY_SECONDS
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -106,7 +107,6 @@ DELETE FROM secrets WHERE name = 'access_token';
 CREATE TABLE deleted_conversations (id TEXT PRIMARY KEY, deleted_at DOUBLE PRECISION NOT NULL);
 """,
 ]
-TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
 # replica that took its turn over) no later write changes it: a producer that was paused past its lease

@@ -6,7 +6,6 @@ contend; reads open their own connection on a worker thread (WAL lets them run b
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import queue
@@ -21,6 +20,7 @@ from typing import Any, TypeVar
 
 from pocketchat.protocol import StorageError
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
+from pocketchat.store import TOMBSTONE_SECONDS, session_hash, token_hash
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -83,7 +83,6 @@ DELETE FROM secrets WHERE name = 'access_token';
 CREATE TABLE deleted_conversations (id TEXT PRIMARY KEY, deleted_at REAL NOT NULL);
 """,
 ]
-TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
 # replica that took its turn over) no later write changes it: a producer that was paused past its lease
@@ -144,17 +143,6 @@ def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> 
             record.id,
         ),
     )
-
-
-def session_hash(session_id: str) -> str:
-    """What the database keeps of a session id: its hash, so that a copy of the file signs nobody in."""
-    return hashlib.sha256(session_id.encode()).hexdigest()
-
-
-def token_hash(token: str) -> str:
-    """What the database keeps of a generated access token. A fast hash is enough: the token is 192
-    random bits, which no one guesses from its hash."""
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 @dataclass

@@ -27,8 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pocketchat.limits import Limits, SignInAttempt
 from pocketchat.settings import Settings
-from pocketchat.store import Store
-from pocketchat.store.sqlite import token_hash
+from pocketchat.store import Store, token_hash
 from pocketchat.web.pages import render_page
 
 logger = logging.getLogger("pocketchat")
