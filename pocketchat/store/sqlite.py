@@ -1,31 +1,29 @@
 """Conversations, messages, sign-in sessions and the app's secrets in one SQLite file.
 
-One writer thread owns the only write connection, so writes never block the event loop and never
-contend; reads open their own connection on a worker thread (WAL lets them run beside the writer).
+Writes go through the write queue (`writes.py`); one thread of their own owns the only write connection
+and runs them, so writes never block the event loop and never contend. Reads open their own connection
+on a worker thread (WAL lets them run beside the writer).
 """
 
 import asyncio
 import contextlib
 import logging
 import os
-import queue
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Collection
-from concurrent.futures import Future
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pocketchat.protocol import StorageError
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
 from pocketchat.store import TOMBSTONE_SECONDS, session_hash, token_hash
+from pocketchat.store.writes import Database, Job, WriteQueue
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-RETRY_SECONDS = 2.0  # how often writes the database refused are tried again
-MAX_UNWRITTEN = 10_000  # writes kept for a database that does not recover; the oldest go first
+Work = Callable[[sqlite3.Connection], T]  # run on the writer's thread, with the write connection
 PRIVATE = 0o600  # the database's files: read and written by the user the app runs as, nobody else
 
 # The schema, one step per version; `PRAGMA user_version` says how many steps a file has had. The
@@ -145,42 +143,92 @@ def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> 
     )
 
 
-@dataclass
-class Job:
-    """One queued write. `retry`: if the database fails (disk full, I/O error), keep it and write it
-    again later; its caller has been told already."""
+class _WriteConnection(Database):
+    """The only write connection, used on one thread of its own: writes never block the event loop and
+    never contend. Each hook is one hop to that thread."""
 
-    work: Callable[[sqlite3.Connection], Any]
-    done: Future[Any] | None
-    conversation_id: str | None = None
-    retry: bool = True
+    def __init__(self) -> None:
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
+        self.connection: sqlite3.Connection | None = None  # made on the thread by `SqliteStore.open`
+
+    async def run(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, work)
+
+    async def close(self) -> None:
+        if self.connection is not None:
+            await self.run(self.connection.close)
+        self._thread.shutdown()
+
+    def may_pass(self, error: BaseException) -> bool:
+        # The database refuses, not the job: full, locked past busy_timeout, read-only, an I/O error.
+        return isinstance(error, sqlite3.OperationalError)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[sqlite3.Connection]:
+        db = self._opened()
+        await self.run(lambda: db.execute("BEGIN"))
+        try:
+            yield db
+            await self.run(db.commit)
+        except BaseException:
+            await self.run(lambda: _roll_back(db))
+            raise
+
+    async def in_savepoint(self, db: sqlite3.Connection, job: Job) -> Any:
+        def work() -> Any:
+            db.execute("SAVEPOINT job")
+            try:
+                result = job.work(db)
+            except sqlite3.OperationalError:
+                raise  # the whole transaction fails: SQLite may have rolled it back already
+            except Exception:
+                db.execute("ROLLBACK TO job")
+                db.execute("RELEASE job")
+                raise
+            db.execute("RELEASE job")
+            return result
+
+        return await self.run(work)
+
+    async def alone(self, job: Job) -> Any:
+        db = self._opened()
+
+        def work() -> Any:
+            try:
+                db.execute("BEGIN")
+                result = job.work(db)
+                db.commit()
+            except BaseException:
+                _roll_back(db)
+                raise
+            return result
+
+        return await self.run(work)
+
+    def _opened(self) -> sqlite3.Connection:
+        if self.connection is None:
+            raise RuntimeError("the store is not open")
+        return self.connection
 
 
-def _refused(error: Exception) -> StorageError:
-    refusal = StorageError(f"The database could not save this ({error}).")
-    refusal.__cause__ = error
-    return refusal
+def _roll_back(db: sqlite3.Connection) -> None:
+    if db.in_transaction:
+        db.rollback()  # SQLite may have rolled it back already (a full disk does)
 
 
-class SqliteStore:
+class SqliteStore(WriteQueue[_WriteConnection]):
     """The store in one SQLite file: the default, for one process."""
 
     def __init__(self, path: Path) -> None:
+        super().__init__(_WriteConnection(), logger)
         self.path = path
-        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write_loop, name="sqlite-writer", daemon=True)
-        # Writes the database refused for a reason that may pass, in order; retried before new ones.
-        self._unwritten: list[Job] = []
-        self.failure: str | None = None  # why the last write failed, while writes fail
-        # Told (on the event loop) of a conversation whose kept writes have all landed.
-        self.on_written: Callable[[str], None] | None = None
-        self.timing: Callable[[float], None] | None = None
 
     async def open(self, sweep_streaming: bool = True) -> int:
         """Bring the schema up to date, start the writer, and (with `sweep_streaming`: no other process
         can be writing one) mark replies a crash cut short as interrupted; return how many."""
-        self._loop = asyncio.get_running_loop()
-        return await asyncio.to_thread(self._open, sweep_streaming)
+        interrupted = await self._database.run(lambda: self._open(sweep_streaming))
+        self._start_writing()
+        return interrupted
 
     def _open(self, sweep_streaming: bool) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -196,147 +244,17 @@ class SqliteStore:
         forgotten = "DELETE FROM deleted_conversations WHERE deleted_at < ?"
         connection.execute(forgotten, (time.time() - TOMBSTONE_SECONDS,))
         connection.commit()
-        self._connection = connection
-        self._writer.start()
+        self._database.connection = connection
         return interrupted
 
     async def close(self) -> None:
         """Finish the queued writes (and try the unwritten ones once more), then close."""
-        self._jobs.put(None)
-        await asyncio.to_thread(self._writer.join)
-        self._connection.close()
+        if self._closing:
+            return
+        await self._stop_writing()
+        await self._database.close()
 
-    def unwritten(self, conversation_id: str) -> bool:
-        """Whether writes of this conversation wait for the database to recover."""
-        return any(job.conversation_id == conversation_id for job in list(self._unwritten))
-
-    def _write_loop(self) -> None:
-        while True:
-            try:
-                # While writes wait for the database to recover, try them again every few seconds.
-                job = self._jobs.get(timeout=RETRY_SECONDS if self._unwritten else None)
-            except queue.Empty:
-                job = Job(lambda db: None, None, retry=False)
-            if job is None:
-                if self._unwritten:
-                    self._write_batch([])
-                    if self._unwritten:
-                        logger.error("%d writes could not be saved before shutdown", len(self._unwritten))
-                return
-            batch = [job]
-            # Group commit: the jobs queued meanwhile share one transaction, each in its own savepoint.
-            while len(batch) < 100:
-                try:
-                    if (more := self._jobs.get_nowait()) is None:
-                        self._jobs.put(None)
-                        break
-                    batch.append(more)
-                except queue.Empty:
-                    break
-            self._write_batch(batch)
-
-    def _write_batch(self, batch: list[Job]) -> None:
-        # The kept writes go first. `_unwritten` stays as it is until this attempt ends: the hub asks it.
-        jobs = [*self._unwritten, *batch]
-        started = time.perf_counter()
-        try:
-            results = self._in_one_transaction(jobs)
-        except sqlite3.OperationalError:
-            results = self._one_by_one(jobs)  # the database refused the group: see which ones it takes
-        if self.timing is not None:
-            self.timing(time.perf_counter() - started)
-        kept = [job for job, _, error in results if isinstance(error, StorageError) and job.retry]
-        refused = [str(error.__cause__) for _, _, error in results if isinstance(error, StorageError)]
-        self.failure = refused[0] if refused else None
-        if refused:
-            logger.error("database writes failed (%d kept to write again): %s", len(kept), self.failure)
-        waiting = {job.conversation_id for job in self._unwritten}
-        self._unwritten = kept[-MAX_UNWRITTEN:]
-        for job, result, error in results:
-            self._settle(job, result, error)
-        for conversation_id in waiting - {job.conversation_id for job in self._unwritten}:
-            if conversation_id is not None and self.on_written is not None:
-                self._loop.call_soon_threadsafe(self.on_written, conversation_id)
-
-    def _in_one_transaction(self, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
-        """Group commit: one transaction, a savepoint per job, so that a job that fails on its own (a
-        constraint) fails alone. A refusal of the database itself (full, locked, I/O) fails them all."""
-        db = self._connection
-        results: list[tuple[Job, Any, Exception | None]] = []
-        db.execute("BEGIN")
-        try:
-            for job in jobs:
-                db.execute("SAVEPOINT job")
-                try:
-                    results.append((job, job.work(db), None))
-                    db.execute("RELEASE job")
-                except sqlite3.OperationalError:
-                    raise
-                except Exception as error:
-                    db.execute("ROLLBACK TO job")
-                    db.execute("RELEASE job")
-                    logger.error("database write failed: %s", error)
-                    results.append((job, None, error))
-            db.commit()
-        except BaseException:
-            if db.in_transaction:
-                db.rollback()  # SQLite may have rolled it back already (a full disk does)
-            raise
-        return results
-
-    def _one_by_one(self, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
-        """Each job in its own transaction, in order. A refused job holds up the later jobs of its own
-        conversation only (they stay behind it, in order): one write too big for the space left does
-        not stop every other conversation's."""
-        db = self._connection
-        results: list[tuple[Job, Any, Exception | None]] = []
-        held: dict[str, Exception] = {}  # conversation: why its first write was refused
-        for job in jobs:
-            if job.conversation_id in held:
-                results.append((job, None, _refused(held[job.conversation_id])))  # behind it, for the same reason
-                continue
-            try:
-                db.execute("BEGIN")
-                result = job.work(db)
-                db.commit()
-                results.append((job, result, None))
-            except Exception as error:
-                if db.in_transaction:
-                    db.rollback()
-                if not isinstance(error, sqlite3.OperationalError):
-                    results.append((job, None, error))
-                    continue
-                if job.conversation_id is not None:
-                    held[job.conversation_id] = error
-                results.append((job, None, _refused(error)))
-        return results
-
-    @staticmethod
-    def _settle(job: Job, result: Any, error: Exception | None) -> None:
-        if job.done is None or job.done.done():
-            return  # a write retried after its caller was told it failed
-        if error is None:
-            job.done.set_result(result)
-        else:
-            job.done.set_exception(error)
-
-    def _submit(
-        self, work: Callable[[sqlite3.Connection], T], conversation_id: str | None, retry: bool = True
-    ) -> Future[T]:
-        done: Future[T] = Future()
-        self._jobs.put(Job(work, done, conversation_id, retry))
-        return done
-
-    def _write(
-        self, work: Callable[[sqlite3.Connection], T], conversation_id: str | None, retry: bool = True
-    ) -> asyncio.Future[T]:
-        """Queue a write now (writes run in the order they are queued); await the result when it matters."""
-        future = asyncio.wrap_future(self._submit(work, conversation_id, retry))
-        # The writer logs a failure; a caller that does not wait for the result need not hear of it again.
-        future.add_done_callback(lambda done: done.cancelled() or done.exception())
-        return future
-
-    async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    async def _read(self, work: Work[T]) -> T:
         def run() -> T:
             connection = _connect(self.path)
             try:
@@ -425,7 +343,7 @@ class SqliteStore:
 
     def checkpoint(self, conversation_id: str, message: Message) -> None:
         """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
-        self._submit(self._upsert(conversation_id, [message]), conversation_id)
+        self._queue(Job(self._upsert(conversation_id, [message]), None, conversation_id))
 
     # ---- sign-in ---------------------------------------------------------------------------------
 
