@@ -11,7 +11,7 @@ password: only its host, port and database are ever logged.
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
@@ -19,9 +19,10 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from pocketchat.protocol import Unavailable
-from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
+from pocketchat.records import ConversationRecord, Message
 from pocketchat.store import TOMBSTONE_SECONDS, session_hash
-from pocketchat.store.writes import Database, Job, WriteQueue
+from pocketchat.store.queued import QueuedStore, Row
+from pocketchat.store.writes import Database, Job
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -189,13 +190,7 @@ async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecor
         "INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
         " SELECT $1, $2, $3, $4, $5, $6::double precision, $7::double precision"
         " WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = $1) ON CONFLICT (id) DO NOTHING",
-        record.id,
-        record.owner,
-        record.title,
-        record.model,
-        record.system_prompt,
-        record.created_at,
-        record.updated_at,
+        *record.to_row(),
     )
 
 
@@ -307,7 +302,7 @@ class _WriteConnection(Database):
         self.drop()  # whatever the writer waits on fails at once
 
 
-class PostgresStore(WriteQueue[_WriteConnection]):
+class PostgresStore(QueuedStore[_WriteConnection]):
     """The store in PostgreSQL: shared by every replica that names the same database."""
 
     def __init__(self, url: str) -> None:
@@ -405,37 +400,6 @@ class PostgresStore(WriteQueue[_WriteConnection]):
             timer.cancel()
             await self._pool.release(db)
 
-    # ---- conversations and messages --------------------------------------------------------------
-
-    async def create_conversation(self, record: ConversationRecord) -> None:
-        await self._write(lambda db: _insert_conversation(db, record), record.id)
-
-    def update_conversation(
-        self, record: ConversationRecord, fields: Collection[str] = RECORD_FIELDS
-    ) -> asyncio.Future[Any]:
-        record.updated_at = time.time()
-        names = [name for name in RECORD_FIELDS if name in fields]  # named here, never by the caller
-        assignments = ", ".join(f"{name} = ${number}" for number, name in enumerate(names, start=3))
-        query = f"UPDATE conversations SET updated_at = $2{', ' if names else ''}{assignments} WHERE id = $1"
-        row = (record.id, record.updated_at, *(getattr(record, name) for name in names))
-        return self._write(lambda db: db.execute(query, *row), record.id)
-
-    def name_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
-        record.updated_at = time.time()
-        query = "UPDATE conversations SET title = $1, updated_at = $2 WHERE id = $3 AND title IS NULL"
-        row = (record.title, record.updated_at, record.id)
-        return self._write(lambda db: db.execute(query, *row), record.id)
-
-    async def delete_conversation(self, conversation_id: str) -> bool:
-        async def work(db: asyncpg.Connection) -> bool:
-            await _lock_conversation(db, conversation_id)
-            tombstone = "INSERT INTO deleted_conversations VALUES ($1, $2) ON CONFLICT (id) DO NOTHING"
-            await db.execute(tombstone, conversation_id, time.time())
-            return _count(await db.execute("DELETE FROM conversations WHERE id = $1", conversation_id)) > 0
-
-        # Not written again later: the caller tells the user it failed, and the conversation stays.
-        return await self._write(work, conversation_id, retry=False)
-
     async def list_conversations(self, owner: str) -> list[ConversationRecord]:
         query = "SELECT * FROM conversations WHERE owner = $1 ORDER BY updated_at DESC, created_at DESC"
         rows = await self._read(lambda db: db.fetch(query, owner))
@@ -455,95 +419,13 @@ class PostgresStore(WriteQueue[_WriteConnection]):
 
         return await self._read(work)
 
-    @staticmethod
-    def _upsert(conversation_id: str, messages: list[Message], delete_ids: list[str] | None = None) -> Work[None]:
-        # The rows are taken now, as queued: a reply goes on changing after its checkpoint is queued.
-        rows = [m.to_row(conversation_id) for m in messages]
-
-        async def work(db: asyncpg.Connection) -> None:
-            if delete_ids:
-                await db.execute("DELETE FROM messages WHERE id = ANY($1::text[])", delete_ids)
-            if rows:
-                await db.executemany(UPSERT_MESSAGE, rows)
-            await db.execute("UPDATE conversations SET updated_at = $1 WHERE id = $2", time.time(), conversation_id)
-
-        return work
-
-    def open_turn(
-        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message], delete_ids: list[str]
-    ) -> asyncio.Future[None]:
-        """Queue, at once, what a turn starts with: the conversation if it is `new`, the messages it replaces
-        deleted, its messages saved. Later writes land after it, so the turn need not wait for it."""
-        upsert = self._upsert(conversation_id, messages, delete_ids)
-
-        async def work(db: asyncpg.Connection) -> None:
-            if new is not None:
-                await _insert_conversation(db, new)
-            await upsert(db)
-
-        return self._write(work, conversation_id)
-
-    async def save_messages(self, conversation_id: str, messages: list[Message]) -> None:
-        """Insert or update these messages, in order, in one transaction."""
-        await self._write(self._upsert(conversation_id, messages), conversation_id)
-
-    async def save_interrupted(self, conversation_id: str, message: Message) -> None:
-        """Store a reply whose replica died as interrupted, unless its replica stored it since."""
-        query = (
-            "UPDATE messages SET content = $1, reasoning = $2, status = 'interrupted', error = $3"
-            " WHERE id = $4 AND status = 'streaming'"
-        )
-        row = (message.content, message.reasoning, message.error, message.id)
-        await self._write(lambda db: db.execute(query, *row), conversation_id)
-
-    def checkpoint(self, conversation_id: str, message: Message) -> None:
-        """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
-        self._queue(Job(self._upsert(conversation_id, [message]), None, conversation_id))
-
-    # ---- sign-in ---------------------------------------------------------------------------------
-
-    async def secret(self, name: str, make: Callable[[], str]) -> str:
-        """The secret `name`, made by `make()` and kept the first time it is asked for. Two replicas that
-        ask at once get the same one: the second insert waits for the first to commit, then does nothing."""
-        value = make()
-
-        async def work(db: asyncpg.Connection) -> str:
-            insert = "INSERT INTO secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING"
-            await db.execute(insert, name, value)
-            return await db.fetchval("SELECT value FROM secrets WHERE name = $1", name)
-
-        return await self._write(work, None, retry=False)
-
-    async def set_secret(self, name: str, value: str) -> None:
-        """Replace the secret `name` (or keep it, the first time)."""
-        query = "INSERT INTO secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = $2"
-        await self._write(lambda db: db.execute(query, name, value), None, retry=False)
-
     async def read_secret(self, name: str) -> str | None:
         return await self._read(lambda db: db.fetchval("SELECT value FROM secrets WHERE name = $1", name))
-
-    async def create_session(self, session_id: str, user: str, lifetime: float) -> None:
-        now = time.time()
-        row = (session_hash(session_id), user, now, now + lifetime)
-        query = 'INSERT INTO sessions (id_hash, "user", created_at, expires_at) VALUES ($1, $2, $3, $4)'
-        await self._write(lambda db: db.execute(query, *row), None, retry=False)
 
     async def session_user(self, session_id: str) -> str | None:
         """The user of a session that is neither revoked nor expired."""
         query = 'SELECT "user" FROM sessions WHERE id_hash = $1 AND revoked_at IS NULL AND expires_at > $2'
         return await self._read(lambda db: db.fetchval(query, session_hash(session_id), time.time()))
-
-    async def revoke_sessions(self, session_id: str | None = None) -> int:
-        """Revoke one session, or every one; how many were live."""
-        query = "UPDATE sessions SET revoked_at = $1 WHERE revoked_at IS NULL"
-        args: tuple[Any, ...] = (time.time(),)
-        if session_id:
-            query, args = query + " AND id_hash = $2", (*args, session_hash(session_id))
-
-        async def work(db: asyncpg.Connection) -> int:
-            return _count(await db.execute(query, *args))
-
-        return await self._write(work, None, retry=False)
 
     async def dead_sessions(self, session_ids: list[str]) -> set[str]:
         """Which of these sessions are revoked, expired or unknown (a socket on one must close)."""
@@ -554,3 +436,79 @@ class PostgresStore(WriteQueue[_WriteConnection]):
         rows = await self._read(lambda db: db.fetch(query, time.time(), list(hashes)))
         live = {row["id_hash"] for row in rows}
         return {session_id for digest, session_id in hashes.items() if digest not in live}
+
+    # ---- the statements of the writes (queued.py) --------------------------------------------------
+
+    def _insert(self, record: ConversationRecord) -> Work[None]:
+        return lambda db: _insert_conversation(db, record)
+
+    def _update(self, record: ConversationRecord, names: list[str]) -> Work[str]:
+        assignments = ", ".join(f"{name} = ${number}" for number, name in enumerate(names, start=3))
+        query = f"UPDATE conversations SET updated_at = $2{', ' if names else ''}{assignments} WHERE id = $1"
+        row = (record.id, record.updated_at, *(getattr(record, name) for name in names))
+        return lambda db: db.execute(query, *row)
+
+    def _name(self, record: ConversationRecord) -> Work[str]:
+        query = "UPDATE conversations SET title = $1, updated_at = $2 WHERE id = $3 AND title IS NULL"
+        row = (record.title, record.updated_at, record.id)
+        return lambda db: db.execute(query, *row)
+
+    def _delete(self, conversation_id: str) -> Work[bool]:
+        async def work(db: asyncpg.Connection) -> bool:
+            await _lock_conversation(db, conversation_id)
+            tombstone = "INSERT INTO deleted_conversations VALUES ($1, $2) ON CONFLICT (id) DO NOTHING"
+            await db.execute(tombstone, conversation_id, time.time())
+            return _count(await db.execute("DELETE FROM conversations WHERE id = $1", conversation_id)) > 0
+
+        return work
+
+    def _save(
+        self, conversation_id: str, rows: list[Row], delete_ids: Sequence[str], new: ConversationRecord | None
+    ) -> Work[None]:
+        async def work(db: asyncpg.Connection) -> None:
+            if new is not None:
+                await _insert_conversation(db, new)
+            if delete_ids:
+                await db.execute("DELETE FROM messages WHERE id = ANY($1::text[])", delete_ids)
+            if rows:
+                await db.executemany(UPSERT_MESSAGE, rows)
+            await db.execute("UPDATE conversations SET updated_at = $1 WHERE id = $2", time.time(), conversation_id)
+
+        return work
+
+    def _interrupt(self, message: Message) -> Work[str]:
+        query = (
+            "UPDATE messages SET content = $1, reasoning = $2, status = 'interrupted', error = $3"
+            " WHERE id = $4 AND status = 'streaming'"
+        )
+        row = (message.content, message.reasoning, message.error, message.id)
+        return lambda db: db.execute(query, *row)
+
+    def _keep_secret(self, name: str, value: str) -> Work[str]:
+        # Two replicas that ask at once get the same one: the second insert waits for the first to commit,
+        # then does nothing.
+        async def work(db: asyncpg.Connection) -> str:
+            insert = "INSERT INTO secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING"
+            await db.execute(insert, name, value)
+            return await db.fetchval("SELECT value FROM secrets WHERE name = $1", name)
+
+        return work
+
+    def _replace_secret(self, name: str, value: str) -> Work[str]:
+        query = "INSERT INTO secrets (name, value) VALUES ($1, $2) ON CONFLICT (name) DO UPDATE SET value = $2"
+        return lambda db: db.execute(query, name, value)
+
+    def _add_session(self, row: tuple[str, str, float, float]) -> Work[str]:
+        query = 'INSERT INTO sessions (id_hash, "user", created_at, expires_at) VALUES ($1, $2, $3, $4)'
+        return lambda db: db.execute(query, *row)
+
+    def _revoke(self, id_hash: str | None) -> Work[int]:
+        query = "UPDATE sessions SET revoked_at = $1 WHERE revoked_at IS NULL"
+        args: tuple[Any, ...] = (time.time(),)
+        if id_hash:
+            query, args = query + " AND id_hash = $2", (*args, id_hash)
+
+        async def work(db: asyncpg.Connection) -> int:
+            return _count(await db.execute(query, *args))
+
+        return work

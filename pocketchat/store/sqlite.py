@@ -11,15 +11,16 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Collection
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
+from pocketchat.records import ConversationRecord, Message
 from pocketchat.store import TOMBSTONE_SECONDS, session_hash, token_hash
-from pocketchat.store.writes import Database, Job, WriteQueue
+from pocketchat.store.queued import QueuedStore, Row
+from pocketchat.store.writes import Database, Job
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -130,16 +131,7 @@ def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> 
         # Never one that was deleted.
         "INSERT OR IGNORE INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
         " SELECT ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = ?)",
-        (
-            record.id,
-            record.owner,
-            record.title,
-            record.model,
-            record.system_prompt,
-            record.created_at,
-            record.updated_at,
-            record.id,
-        ),
+        (*record.to_row(), record.id),
     )
 
 
@@ -216,7 +208,7 @@ def _roll_back(db: sqlite3.Connection) -> None:
         db.rollback()  # SQLite may have rolled it back already (a full disk does)
 
 
-class SqliteStore(WriteQueue[_WriteConnection]):
+class SqliteStore(QueuedStore[_WriteConnection]):
     """The store in one SQLite file: the default, for one process."""
 
     def __init__(self, path: Path) -> None:
@@ -254,6 +246,8 @@ class SqliteStore(WriteQueue[_WriteConnection]):
         await self._stop_writing()
         await self._database.close()
 
+    # ---- reads ------------------------------------------------------------------------------------
+
     async def _read(self, work: Work[T]) -> T:
         def run() -> T:
             connection = _connect(self.path)
@@ -263,32 +257,6 @@ class SqliteStore(WriteQueue[_WriteConnection]):
                 connection.close()
 
         return await asyncio.to_thread(run)
-
-    async def create_conversation(self, record: ConversationRecord) -> None:
-        await self._write(lambda db: _insert_conversation(db, record), record.id)
-
-    def update_conversation(
-        self, record: ConversationRecord, fields: Collection[str] = RECORD_FIELDS
-    ) -> asyncio.Future[Any]:
-        record.updated_at = time.time()
-        names = [name for name in RECORD_FIELDS if name in fields]  # named here, never by the caller
-        query = f"UPDATE conversations SET {', '.join(f'{name} = ?' for name in ['updated_at', *names])} WHERE id = ?"
-        row = (record.updated_at, *(getattr(record, name) for name in names), record.id)
-        return self._write(lambda db: db.execute(query, row), record.id)
-
-    def name_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
-        record.updated_at = time.time()
-        query = "UPDATE conversations SET title = ?, updated_at = ? WHERE id = ? AND title IS NULL"
-        row = (record.title, record.updated_at, record.id)
-        return self._write(lambda db: db.execute(query, row), record.id)
-
-    async def delete_conversation(self, conversation_id: str) -> bool:
-        def work(db: sqlite3.Connection) -> bool:
-            db.execute("INSERT OR IGNORE INTO deleted_conversations VALUES (?, ?)", (conversation_id, time.time()))
-            return db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0
-
-        # Not written again later: the caller tells the user it failed, and the conversation stays.
-        return await self._write(work, conversation_id, retry=False)
 
     async def list_conversations(self, owner: str) -> list[ConversationRecord]:
         query = "SELECT * FROM conversations WHERE owner = ? ORDER BY updated_at DESC, created_at DESC"
@@ -304,84 +272,15 @@ class SqliteStore(WriteQueue[_WriteConnection]):
 
         return await self._read(work)
 
-    def _upsert(
-        self, conversation_id: str, messages: list[Message], delete_ids: list[str] | None = None
-    ) -> Callable[[sqlite3.Connection], None]:
-        rows = [m.to_row(conversation_id) for m in messages]
-
-        def work(db: sqlite3.Connection) -> None:
-            db.executemany("DELETE FROM messages WHERE id = ?", [(mid,) for mid in delete_ids or []])
-            db.executemany(UPSERT_MESSAGE, rows)
-            db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
-
-        return work
-
-    def open_turn(
-        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message], delete_ids: list[str]
-    ) -> asyncio.Future[None]:
-        """Queue, at once, what a turn starts with: the conversation if it is `new`, the messages it replaces
-        deleted, its messages saved. Later writes land after it, so the turn need not wait for it."""
-        upsert = self._upsert(conversation_id, messages, delete_ids)
-
-        def work(db: sqlite3.Connection) -> None:
-            if new is not None:
-                _insert_conversation(db, new)
-            upsert(db)
-
-        return self._write(work, conversation_id)
-
-    async def save_messages(self, conversation_id: str, messages: list[Message]) -> None:
-        """Insert or update these messages, in order, in one transaction."""
-        await self._write(self._upsert(conversation_id, messages), conversation_id)
-
-    async def save_interrupted(self, conversation_id: str, message: Message) -> None:
-        """Store a reply whose replica died as interrupted, unless its replica stored it since."""
-        row = (message.content, message.reasoning, message.error, message.id)
-        query = "UPDATE messages SET content = ?, reasoning = ?, status = 'interrupted', error = ?"
-        query += " WHERE id = ? AND status = 'streaming'"
-        await self._write(lambda db: db.execute(query, row), conversation_id)
-
-    def checkpoint(self, conversation_id: str, message: Message) -> None:
-        """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
-        self._queue(Job(self._upsert(conversation_id, [message]), None, conversation_id))
-
-    # ---- sign-in ---------------------------------------------------------------------------------
-
-    async def secret(self, name: str, make: Callable[[], str]) -> str:
-        """The secret `name`, made by `make()` and kept the first time it is asked for."""
-        value = make()
-
-        def work(db: sqlite3.Connection) -> str:
-            db.execute("INSERT OR IGNORE INTO secrets (name, value) VALUES (?, ?)", (name, value))
-            return db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()[0]
-
-        return await self._write(work, None, retry=False)
-
-    async def set_secret(self, name: str, value: str) -> None:
-        """Replace the secret `name` (or keep it, the first time)."""
-        query = "INSERT OR REPLACE INTO secrets (name, value) VALUES (?, ?)"
-        await self._write(lambda db: db.execute(query, (name, value)), None, retry=False)
-
     async def read_secret(self, name: str) -> str | None:
         row = await self._read(lambda db: db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone())
         return row[0] if row else None
-
-    async def create_session(self, session_id: str, user: str, lifetime: float) -> None:
-        now = time.time()
-        row = (session_hash(session_id), user, now, now + lifetime)
-        await self._write(lambda db: db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, NULL)", row), None, False)
 
     async def session_user(self, session_id: str) -> str | None:
         """The user of a session that is neither revoked nor expired."""
         query = "SELECT user FROM sessions WHERE id_hash = ? AND revoked_at IS NULL AND expires_at > ?"
         row = await self._read(lambda db: db.execute(query, (session_hash(session_id), time.time())).fetchone())
         return row[0] if row else None
-
-    async def revoke_sessions(self, session_id: str | None = None) -> int:
-        """Revoke one session, or every one; how many were live."""
-        where, args = ("id_hash = ?", (session_hash(session_id),)) if session_id else ("1 = 1", ())
-        query = f"UPDATE sessions SET revoked_at = ? WHERE revoked_at IS NULL AND {where}"
-        return await self._write(lambda db: db.execute(query, (time.time(), *args)).rowcount, None, retry=False)
 
     async def dead_sessions(self, session_ids: list[str]) -> set[str]:
         """Which of these sessions are revoked, expired or unknown (a socket on one must close)."""
@@ -394,3 +293,62 @@ class SqliteStore(WriteQueue[_WriteConnection]):
             return {session_id for digest, session_id in hashes.items() if digest not in live}
 
         return await self._read(work)
+
+    # ---- the statements of the writes (queued.py) --------------------------------------------------
+
+    def _insert(self, record: ConversationRecord) -> Work[None]:
+        return lambda db: _insert_conversation(db, record)
+
+    def _update(self, record: ConversationRecord, names: list[str]) -> Work[Any]:
+        query = f"UPDATE conversations SET {', '.join(f'{name} = ?' for name in ['updated_at', *names])} WHERE id = ?"
+        row = (record.updated_at, *(getattr(record, name) for name in names), record.id)
+        return lambda db: db.execute(query, row)
+
+    def _name(self, record: ConversationRecord) -> Work[Any]:
+        query = "UPDATE conversations SET title = ?, updated_at = ? WHERE id = ? AND title IS NULL"
+        row = (record.title, record.updated_at, record.id)
+        return lambda db: db.execute(query, row)
+
+    def _delete(self, conversation_id: str) -> Work[bool]:
+        def work(db: sqlite3.Connection) -> bool:
+            db.execute("INSERT OR IGNORE INTO deleted_conversations VALUES (?, ?)", (conversation_id, time.time()))
+            return db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0
+
+        return work
+
+    def _save(
+        self, conversation_id: str, rows: list[Row], delete_ids: Sequence[str], new: ConversationRecord | None
+    ) -> Work[None]:
+        def work(db: sqlite3.Connection) -> None:
+            if new is not None:
+                _insert_conversation(db, new)
+            db.executemany("DELETE FROM messages WHERE id = ?", [(mid,) for mid in delete_ids])
+            db.executemany(UPSERT_MESSAGE, rows)
+            db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
+
+        return work
+
+    def _interrupt(self, message: Message) -> Work[Any]:
+        row = (message.content, message.reasoning, message.error, message.id)
+        query = "UPDATE messages SET content = ?, reasoning = ?, status = 'interrupted', error = ?"
+        query += " WHERE id = ? AND status = 'streaming'"
+        return lambda db: db.execute(query, row)
+
+    def _keep_secret(self, name: str, value: str) -> Work[str]:
+        def work(db: sqlite3.Connection) -> str:
+            db.execute("INSERT OR IGNORE INTO secrets (name, value) VALUES (?, ?)", (name, value))
+            return db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()[0]
+
+        return work
+
+    def _replace_secret(self, name: str, value: str) -> Work[Any]:
+        query = "INSERT OR REPLACE INTO secrets (name, value) VALUES (?, ?)"
+        return lambda db: db.execute(query, (name, value))
+
+    def _add_session(self, row: tuple[str, str, float, float]) -> Work[Any]:
+        return lambda db: db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, NULL)", row)
+
+    def _revoke(self, id_hash: str | None) -> Work[int]:
+        where, args = ("id_hash = ?", (id_hash,)) if id_hash else ("1 = 1", ())
+        query = f"UPDATE sessions SET revoked_at = ? WHERE revoked_at IS NULL AND {where}"
+        return lambda db: db.execute(query, (time.time(), *args)).rowcount
