@@ -76,6 +76,7 @@ class Message:
 
 # The fields of a conversation's record that can be changed (PATCH), each written on its own.
 RECORD_FIELDS = ("title", "model", "system_prompt")
+CONVERSATION_COLUMNS = ("id", "owner", "title", "model", "system_prompt", "created_at", "updated_at")
 
 
 @dataclass
@@ -90,8 +91,11 @@ class ConversationRecord:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "ConversationRecord":
-        names = ("id", "owner", "title", "model", "system_prompt", "created_at", "updated_at")
-        return cls(**{name: row[name] for name in names})
+        return cls(**{name: row[name] for name in CONVERSATION_COLUMNS})
+
+    def to_row(self) -> tuple[Any, ...]:
+        """The record as both stores write it, in the order of CONVERSATION_COLUMNS."""
+        return tuple(getattr(self, name) for name in CONVERSATION_COLUMNS)
 
     def to_wire(self) -> dict[str, Any]:
         return {

@@ -50,7 +50,7 @@ def test_a_kept_checkpoint_never_overwrites_the_final_reply_saved_after_it(tmp_p
         other = hold_the_write_lock(path)
         gate = threading.Event()
         # Hold the writer so that the checkpoint and the final save share one batch.
-        store._jobs.put(Job(lambda db: gate.wait(10), None, retry=False))
+        store._jobs.put_nowait(Job(lambda db: gate.wait(10), None, retry=False))
         reply.content = "half a rep"
         store.checkpoint(record.id, reply)  # the turn's last checkpoint (its row is copied now)
         reply.content, reply.status = "half a reply, and the rest", "complete"
@@ -128,8 +128,8 @@ def test_one_write_too_big_for_the_space_left_holds_up_only_its_own_conversation
         b = ConversationRecord(model="m", system_prompt="")
         await store.create_conversation(a)
         await store.create_conversation(b)
-        pages = store._connection.execute("PRAGMA page_count").fetchone()[0]
-        store._jobs.put(Job(lambda db: db.execute(f"PRAGMA max_page_count = {pages + 20}"), None, retry=False))
+        pages = store._database.connection.execute("PRAGMA page_count").fetchone()[0]
+        store._jobs.put_nowait(Job(lambda db: db.execute(f"PRAGMA max_page_count = {pages + 20}"), None, retry=False))
         with pytest.raises(StorageError):
             await store.save_messages(a.id, [Message(role="assistant", content="x" * 1_000_000)])
         with pytest.raises(StorageError):  # a's next write waits behind its first, in order
@@ -138,7 +138,7 @@ def test_one_write_too_big_for_the_space_left_holds_up_only_its_own_conversation
             await store.save_messages(b.id, [Message(role="user", content="small")])
             return "written", store.unwritten(a.id), store.unwritten(b.id)
         finally:
-            store._connection.execute("PRAGMA max_page_count = 1073741823")
+            store._database.connection.execute("PRAGMA max_page_count = 1073741823")
             await store.close()
 
     assert asyncio.run(scenario()) == ("written", True, False)

@@ -274,12 +274,12 @@ def test_make_store_picks_postgresql_for_a_database_url_and_sqlite_never_imports
 
 def fill_the_disk(store: SqliteStore) -> None:
     """The database may not grow by a single page: the next write that needs one fails as on a full disk."""
-    store._jobs.put(Job(lambda db: db.execute("PRAGMA max_page_count = 1"), None, retry=False))
+    store._jobs.put_nowait(Job(lambda db: db.execute("PRAGMA max_page_count = 1"), None, retry=False))
 
 
 def free_the_disk(store: SqliteStore) -> None:
     # On the writer's connection at once, not queued behind the writes waiting for room.
-    store._connection.execute("PRAGMA max_page_count = 1073741823")
+    store._database.connection.execute("PRAGMA max_page_count = 1073741823")
 
 
 def test_a_full_disk_fails_only_its_own_writes_and_they_are_written_once_it_recovers(tmp_path):

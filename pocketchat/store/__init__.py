@@ -7,6 +7,7 @@ after them), commit them in groups, and keep a write the database refuses until 
 """
 
 import asyncio
+import hashlib
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
@@ -69,6 +70,20 @@ class Store(Protocol):
     async def revoke_sessions(self, session_id: str | None = None) -> int: ...
 
     async def dead_sessions(self, session_ids: list[str]) -> set[str]: ...
+
+
+TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered
+
+
+def session_hash(session_id: str) -> str:
+    """What the database keeps of a session id: its hash, so that a copy of the database signs nobody in."""
+    return hashlib.sha256(session_id.encode()).hexdigest()
+
+
+def token_hash(token: str) -> str:
+    """What the database keeps of a generated access token. A fast hash is enough: the token is 192
+    random bits, which no one guesses from its hash."""
+    return hashlib.sha256(token.encode()).hexdigest()
 
 
 SAVE_WAIT_SECONDS = 2.0  # how long a turn's end waits for its reply to be saved before it goes on

@@ -1,31 +1,30 @@
 """Conversations, messages, sign-in sessions and the app's secrets in one SQLite file.
 
-One writer thread owns the only write connection, so writes never block the event loop and never
-contend; reads open their own connection on a worker thread (WAL lets them run beside the writer).
+Writes go through the write queue (`writes.py`); one thread of their own owns the only write connection
+and runs them, so writes never block the event loop and never contend. Reads open their own connection
+on a worker thread (WAL lets them run beside the writer).
 """
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
-import queue
 import sqlite3
-import threading
 import time
-from collections.abc import Callable, Collection
-from concurrent.futures import Future
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pocketchat.errors import StorageError
-from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
+from pocketchat.records import ConversationRecord, Message
+from pocketchat.store import TOMBSTONE_SECONDS, session_hash, token_hash
+from pocketchat.store.queued import QueuedStore, Row
+from pocketchat.store.writes import Database, Job
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-RETRY_SECONDS = 2.0  # how often writes the database refused are tried again
-MAX_UNWRITTEN = 10_000  # writes kept for a database that does not recover; the oldest go first
+Work = Callable[[sqlite3.Connection], T]  # run on the writer's thread, with the write connection
 PRIVATE = 0o600  # the database's files: read and written by the user the app runs as, nobody else
 
 # The schema, one step per version; `PRAGMA user_version` says how many steps a file has had. The
@@ -83,7 +82,6 @@ DELETE FROM secrets WHERE name = 'access_token';
 CREATE TABLE deleted_conversations (id TEXT PRIMARY KEY, deleted_at REAL NOT NULL);
 """,
 ]
-TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
 # replica that took its turn over) no later write changes it: a producer that was paused past its lease
@@ -133,66 +131,96 @@ def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> 
         # Never one that was deleted.
         "INSERT OR IGNORE INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
         " SELECT ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = ?)",
-        (
-            record.id,
-            record.owner,
-            record.title,
-            record.model,
-            record.system_prompt,
-            record.created_at,
-            record.updated_at,
-            record.id,
-        ),
+        (*record.to_row(), record.id),
     )
 
 
-def session_hash(session_id: str) -> str:
-    """What the database keeps of a session id: its hash, so that a copy of the file signs nobody in."""
-    return hashlib.sha256(session_id.encode()).hexdigest()
+class _WriteConnection(Database):
+    """The only write connection, used on one thread of its own: writes never block the event loop and
+    never contend. Each hook is one hop to that thread."""
+
+    def __init__(self) -> None:
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sqlite-writer")
+        self.connection: sqlite3.Connection | None = None  # made on the thread by `SqliteStore.open`
+
+    async def run(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, work)
+
+    async def close(self) -> None:
+        if self.connection is not None:
+            await self.run(self.connection.close)
+        self._thread.shutdown()
+
+    def may_pass(self, error: BaseException) -> bool:
+        # The database refuses, not the job: full, locked past busy_timeout, read-only, an I/O error.
+        return isinstance(error, sqlite3.OperationalError)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[sqlite3.Connection]:
+        db = self._opened()
+        await self.run(lambda: db.execute("BEGIN"))
+        try:
+            yield db
+            await self.run(db.commit)
+        except BaseException:
+            await self.run(lambda: _roll_back(db))
+            raise
+
+    async def in_savepoint(self, db: sqlite3.Connection, job: Job) -> Any:
+        def work() -> Any:
+            db.execute("SAVEPOINT job")
+            try:
+                result = job.work(db)
+            except sqlite3.OperationalError:
+                raise  # the whole transaction fails: SQLite may have rolled it back already
+            except Exception:
+                db.execute("ROLLBACK TO job")
+                db.execute("RELEASE job")
+                raise
+            db.execute("RELEASE job")
+            return result
+
+        return await self.run(work)
+
+    async def alone(self, job: Job) -> Any:
+        db = self._opened()
+
+        def work() -> Any:
+            try:
+                db.execute("BEGIN")
+                result = job.work(db)
+                db.commit()
+            except BaseException:
+                _roll_back(db)
+                raise
+            return result
+
+        return await self.run(work)
+
+    def _opened(self) -> sqlite3.Connection:
+        if self.connection is None:
+            raise RuntimeError("the store is not open")
+        return self.connection
 
 
-def token_hash(token: str) -> str:
-    """What the database keeps of a generated access token. A fast hash is enough: the token is 192
-    random bits, which no one guesses from its hash."""
-    return hashlib.sha256(token.encode()).hexdigest()
+def _roll_back(db: sqlite3.Connection) -> None:
+    if db.in_transaction:
+        db.rollback()  # SQLite may have rolled it back already (a full disk does)
 
 
-@dataclass
-class Job:
-    """One queued write. `retry`: if the database fails (disk full, I/O error), keep it and write it
-    again later; its caller has been told already."""
-
-    work: Callable[[sqlite3.Connection], Any]
-    done: Future[Any] | None
-    conversation_id: str | None = None
-    retry: bool = True
-
-
-def _refused(error: Exception) -> StorageError:
-    refusal = StorageError(f"The database could not save this ({error}).")
-    refusal.__cause__ = error
-    return refusal
-
-
-class SqliteStore:
+class SqliteStore(QueuedStore[_WriteConnection]):
     """The store in one SQLite file: the default, for one process."""
 
     def __init__(self, path: Path) -> None:
+        super().__init__(_WriteConnection(), logger)
         self.path = path
-        self._jobs: queue.SimpleQueue[Job | None] = queue.SimpleQueue()
-        self._writer = threading.Thread(target=self._write_loop, name="sqlite-writer", daemon=True)
-        # Writes the database refused for a reason that may pass, in order; retried before new ones.
-        self._unwritten: list[Job] = []
-        self.failure: str | None = None  # why the last write failed, while writes fail
-        # Told (on the event loop) of a conversation whose kept writes have all landed.
-        self.on_written: Callable[[str], None] | None = None
-        self.timing: Callable[[float], None] | None = None
 
     async def open(self, sweep_streaming: bool = True) -> int:
         """Bring the schema up to date, start the writer, and (with `sweep_streaming`: no other process
         can be writing one) mark replies a crash cut short as interrupted; return how many."""
-        self._loop = asyncio.get_running_loop()
-        return await asyncio.to_thread(self._open, sweep_streaming)
+        interrupted = await self._database.run(lambda: self._open(sweep_streaming))
+        self._start_writing()
+        return interrupted
 
     def _open(self, sweep_streaming: bool) -> int:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,147 +236,19 @@ class SqliteStore:
         forgotten = "DELETE FROM deleted_conversations WHERE deleted_at < ?"
         connection.execute(forgotten, (time.time() - TOMBSTONE_SECONDS,))
         connection.commit()
-        self._connection = connection
-        self._writer.start()
+        self._database.connection = connection
         return interrupted
 
     async def close(self) -> None:
         """Finish the queued writes (and try the unwritten ones once more), then close."""
-        self._jobs.put(None)
-        await asyncio.to_thread(self._writer.join)
-        self._connection.close()
+        if self._closing:
+            return
+        await self._stop_writing()
+        await self._database.close()
 
-    def unwritten(self, conversation_id: str) -> bool:
-        """Whether writes of this conversation wait for the database to recover."""
-        return any(job.conversation_id == conversation_id for job in list(self._unwritten))
+    # ---- reads ------------------------------------------------------------------------------------
 
-    def _write_loop(self) -> None:
-        while True:
-            try:
-                # While writes wait for the database to recover, try them again every few seconds.
-                job = self._jobs.get(timeout=RETRY_SECONDS if self._unwritten else None)
-            except queue.Empty:
-                job = Job(lambda db: None, None, retry=False)
-            if job is None:
-                if self._unwritten:
-                    self._write_batch([])
-                    if self._unwritten:
-                        logger.error("%d writes could not be saved before shutdown", len(self._unwritten))
-                return
-            batch = [job]
-            # Group commit: the jobs queued meanwhile share one transaction, each in its own savepoint.
-            while len(batch) < 100:
-                try:
-                    if (more := self._jobs.get_nowait()) is None:
-                        self._jobs.put(None)
-                        break
-                    batch.append(more)
-                except queue.Empty:
-                    break
-            self._write_batch(batch)
-
-    def _write_batch(self, batch: list[Job]) -> None:
-        # The kept writes go first. `_unwritten` stays as it is until this attempt ends: the hub asks it.
-        jobs = [*self._unwritten, *batch]
-        started = time.perf_counter()
-        try:
-            results = self._in_one_transaction(jobs)
-        except sqlite3.OperationalError:
-            results = self._one_by_one(jobs)  # the database refused the group: see which ones it takes
-        if self.timing is not None:
-            self.timing(time.perf_counter() - started)
-        kept = [job for job, _, error in results if isinstance(error, StorageError) and job.retry]
-        refused = [str(error.__cause__) for _, _, error in results if isinstance(error, StorageError)]
-        self.failure = refused[0] if refused else None
-        if refused:
-            logger.error("database writes failed (%d kept to write again): %s", len(kept), self.failure)
-        waiting = {job.conversation_id for job in self._unwritten}
-        self._unwritten = kept[-MAX_UNWRITTEN:]
-        for job, result, error in results:
-            self._settle(job, result, error)
-        for conversation_id in waiting - {job.conversation_id for job in self._unwritten}:
-            if conversation_id is not None and self.on_written is not None:
-                self._loop.call_soon_threadsafe(self.on_written, conversation_id)
-
-    def _in_one_transaction(self, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
-        """Group commit: one transaction, a savepoint per job, so that a job that fails on its own (a
-        constraint) fails alone. A refusal of the database itself (full, locked, I/O) fails them all."""
-        db = self._connection
-        results: list[tuple[Job, Any, Exception | None]] = []
-        db.execute("BEGIN")
-        try:
-            for job in jobs:
-                db.execute("SAVEPOINT job")
-                try:
-                    results.append((job, job.work(db), None))
-                    db.execute("RELEASE job")
-                except sqlite3.OperationalError:
-                    raise
-                except Exception as error:
-                    db.execute("ROLLBACK TO job")
-                    db.execute("RELEASE job")
-                    logger.error("database write failed: %s", error)
-                    results.append((job, None, error))
-            db.commit()
-        except BaseException:
-            if db.in_transaction:
-                db.rollback()  # SQLite may have rolled it back already (a full disk does)
-            raise
-        return results
-
-    def _one_by_one(self, jobs: list[Job]) -> list[tuple[Job, Any, Exception | None]]:
-        """Each job in its own transaction, in order. A refused job holds up the later jobs of its own
-        conversation only (they stay behind it, in order): one write too big for the space left does
-        not stop every other conversation's."""
-        db = self._connection
-        results: list[tuple[Job, Any, Exception | None]] = []
-        held: dict[str, Exception] = {}  # conversation: why its first write was refused
-        for job in jobs:
-            if job.conversation_id in held:
-                results.append((job, None, _refused(held[job.conversation_id])))  # behind it, for the same reason
-                continue
-            try:
-                db.execute("BEGIN")
-                result = job.work(db)
-                db.commit()
-                results.append((job, result, None))
-            except Exception as error:
-                if db.in_transaction:
-                    db.rollback()
-                if not isinstance(error, sqlite3.OperationalError):
-                    results.append((job, None, error))
-                    continue
-                if job.conversation_id is not None:
-                    held[job.conversation_id] = error
-                results.append((job, None, _refused(error)))
-        return results
-
-    @staticmethod
-    def _settle(job: Job, result: Any, error: Exception | None) -> None:
-        if job.done is None or job.done.done():
-            return  # a write retried after its caller was told it failed
-        if error is None:
-            job.done.set_result(result)
-        else:
-            job.done.set_exception(error)
-
-    def _submit(
-        self, work: Callable[[sqlite3.Connection], T], conversation_id: str | None, retry: bool = True
-    ) -> Future[T]:
-        done: Future[T] = Future()
-        self._jobs.put(Job(work, done, conversation_id, retry))
-        return done
-
-    def _write(
-        self, work: Callable[[sqlite3.Connection], T], conversation_id: str | None, retry: bool = True
-    ) -> asyncio.Future[T]:
-        """Queue a write now (writes run in the order they are queued); await the result when it matters."""
-        future = asyncio.wrap_future(self._submit(work, conversation_id, retry))
-        # The writer logs a failure; a caller that does not wait for the result need not hear of it again.
-        future.add_done_callback(lambda done: done.cancelled() or done.exception())
-        return future
-
-    async def _read(self, work: Callable[[sqlite3.Connection], T]) -> T:
+    async def _read(self, work: Work[T]) -> T:
         def run() -> T:
             connection = _connect(self.path)
             try:
@@ -357,32 +257,6 @@ class SqliteStore:
                 connection.close()
 
         return await asyncio.to_thread(run)
-
-    async def create_conversation(self, record: ConversationRecord) -> None:
-        await self._write(lambda db: _insert_conversation(db, record), record.id)
-
-    def update_conversation(
-        self, record: ConversationRecord, fields: Collection[str] = RECORD_FIELDS
-    ) -> asyncio.Future[Any]:
-        record.updated_at = time.time()
-        names = [name for name in RECORD_FIELDS if name in fields]  # named here, never by the caller
-        query = f"UPDATE conversations SET {', '.join(f'{name} = ?' for name in ['updated_at', *names])} WHERE id = ?"
-        row = (record.updated_at, *(getattr(record, name) for name in names), record.id)
-        return self._write(lambda db: db.execute(query, row), record.id)
-
-    def name_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
-        record.updated_at = time.time()
-        query = "UPDATE conversations SET title = ?, updated_at = ? WHERE id = ? AND title IS NULL"
-        row = (record.title, record.updated_at, record.id)
-        return self._write(lambda db: db.execute(query, row), record.id)
-
-    async def delete_conversation(self, conversation_id: str) -> bool:
-        def work(db: sqlite3.Connection) -> bool:
-            db.execute("INSERT OR IGNORE INTO deleted_conversations VALUES (?, ?)", (conversation_id, time.time()))
-            return db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0
-
-        # Not written again later: the caller tells the user it failed, and the conversation stays.
-        return await self._write(work, conversation_id, retry=False)
 
     async def list_conversations(self, owner: str) -> list[ConversationRecord]:
         query = "SELECT * FROM conversations WHERE owner = ? ORDER BY updated_at DESC, created_at DESC"
@@ -398,84 +272,15 @@ class SqliteStore:
 
         return await self._read(work)
 
-    def _upsert(
-        self, conversation_id: str, messages: list[Message], delete_ids: list[str] | None = None
-    ) -> Callable[[sqlite3.Connection], None]:
-        rows = [m.to_row(conversation_id) for m in messages]
-
-        def work(db: sqlite3.Connection) -> None:
-            db.executemany("DELETE FROM messages WHERE id = ?", [(mid,) for mid in delete_ids or []])
-            db.executemany(UPSERT_MESSAGE, rows)
-            db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
-
-        return work
-
-    def open_turn(
-        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message], delete_ids: list[str]
-    ) -> asyncio.Future[None]:
-        """Queue, at once, what a turn starts with: the conversation if it is `new`, the messages it replaces
-        deleted, its messages saved. Later writes land after it, so the turn need not wait for it."""
-        upsert = self._upsert(conversation_id, messages, delete_ids)
-
-        def work(db: sqlite3.Connection) -> None:
-            if new is not None:
-                _insert_conversation(db, new)
-            upsert(db)
-
-        return self._write(work, conversation_id)
-
-    async def save_messages(self, conversation_id: str, messages: list[Message]) -> None:
-        """Insert or update these messages, in order, in one transaction."""
-        await self._write(self._upsert(conversation_id, messages), conversation_id)
-
-    async def save_interrupted(self, conversation_id: str, message: Message) -> None:
-        """Store a reply whose replica died as interrupted, unless its replica stored it since."""
-        row = (message.content, message.reasoning, message.error, message.id)
-        query = "UPDATE messages SET content = ?, reasoning = ?, status = 'interrupted', error = ?"
-        query += " WHERE id = ? AND status = 'streaming'"
-        await self._write(lambda db: db.execute(query, row), conversation_id)
-
-    def checkpoint(self, conversation_id: str, message: Message) -> None:
-        """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
-        self._submit(self._upsert(conversation_id, [message]), conversation_id)
-
-    # ---- sign-in ---------------------------------------------------------------------------------
-
-    async def secret(self, name: str, make: Callable[[], str]) -> str:
-        """The secret `name`, made by `make()` and kept the first time it is asked for."""
-        value = make()
-
-        def work(db: sqlite3.Connection) -> str:
-            db.execute("INSERT OR IGNORE INTO secrets (name, value) VALUES (?, ?)", (name, value))
-            return db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()[0]
-
-        return await self._write(work, None, retry=False)
-
-    async def set_secret(self, name: str, value: str) -> None:
-        """Replace the secret `name` (or keep it, the first time)."""
-        query = "INSERT OR REPLACE INTO secrets (name, value) VALUES (?, ?)"
-        await self._write(lambda db: db.execute(query, (name, value)), None, retry=False)
-
     async def read_secret(self, name: str) -> str | None:
         row = await self._read(lambda db: db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone())
         return row[0] if row else None
-
-    async def create_session(self, session_id: str, user: str, lifetime: float) -> None:
-        now = time.time()
-        row = (session_hash(session_id), user, now, now + lifetime)
-        await self._write(lambda db: db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, NULL)", row), None, False)
 
     async def session_user(self, session_id: str) -> str | None:
         """The user of a session that is neither revoked nor expired."""
         query = "SELECT user FROM sessions WHERE id_hash = ? AND revoked_at IS NULL AND expires_at > ?"
         row = await self._read(lambda db: db.execute(query, (session_hash(session_id), time.time())).fetchone())
         return row[0] if row else None
-
-    async def revoke_sessions(self, session_id: str | None = None) -> int:
-        """Revoke one session, or every one; how many were live."""
-        where, args = ("id_hash = ?", (session_hash(session_id),)) if session_id else ("1 = 1", ())
-        query = f"UPDATE sessions SET revoked_at = ? WHERE revoked_at IS NULL AND {where}"
-        return await self._write(lambda db: db.execute(query, (time.time(), *args)).rowcount, None, retry=False)
 
     async def dead_sessions(self, session_ids: list[str]) -> set[str]:
         """Which of these sessions are revoked, expired or unknown (a socket on one must close)."""
@@ -488,3 +293,62 @@ class SqliteStore:
             return {session_id for digest, session_id in hashes.items() if digest not in live}
 
         return await self._read(work)
+
+    # ---- the statements of the writes (queued.py) --------------------------------------------------
+
+    def _insert(self, record: ConversationRecord) -> Work[None]:
+        return lambda db: _insert_conversation(db, record)
+
+    def _update(self, record: ConversationRecord, names: list[str]) -> Work[Any]:
+        query = f"UPDATE conversations SET {', '.join(f'{name} = ?' for name in ['updated_at', *names])} WHERE id = ?"
+        row = (record.updated_at, *(getattr(record, name) for name in names), record.id)
+        return lambda db: db.execute(query, row)
+
+    def _name(self, record: ConversationRecord) -> Work[Any]:
+        query = "UPDATE conversations SET title = ?, updated_at = ? WHERE id = ? AND title IS NULL"
+        row = (record.title, record.updated_at, record.id)
+        return lambda db: db.execute(query, row)
+
+    def _delete(self, conversation_id: str) -> Work[bool]:
+        def work(db: sqlite3.Connection) -> bool:
+            db.execute("INSERT OR IGNORE INTO deleted_conversations VALUES (?, ?)", (conversation_id, time.time()))
+            return db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,)).rowcount > 0
+
+        return work
+
+    def _save(
+        self, conversation_id: str, rows: list[Row], delete_ids: Sequence[str], new: ConversationRecord | None
+    ) -> Work[None]:
+        def work(db: sqlite3.Connection) -> None:
+            if new is not None:
+                _insert_conversation(db, new)
+            db.executemany("DELETE FROM messages WHERE id = ?", [(mid,) for mid in delete_ids])
+            db.executemany(UPSERT_MESSAGE, rows)
+            db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
+
+        return work
+
+    def _interrupt(self, message: Message) -> Work[Any]:
+        row = (message.content, message.reasoning, message.error, message.id)
+        query = "UPDATE messages SET content = ?, reasoning = ?, status = 'interrupted', error = ?"
+        query += " WHERE id = ? AND status = 'streaming'"
+        return lambda db: db.execute(query, row)
+
+    def _keep_secret(self, name: str, value: str) -> Work[str]:
+        def work(db: sqlite3.Connection) -> str:
+            db.execute("INSERT OR IGNORE INTO secrets (name, value) VALUES (?, ?)", (name, value))
+            return db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone()[0]
+
+        return work
+
+    def _replace_secret(self, name: str, value: str) -> Work[Any]:
+        query = "INSERT OR REPLACE INTO secrets (name, value) VALUES (?, ?)"
+        return lambda db: db.execute(query, (name, value))
+
+    def _add_session(self, row: tuple[str, str, float, float]) -> Work[Any]:
+        return lambda db: db.execute("INSERT INTO sessions VALUES (?, ?, ?, ?, NULL)", row)
+
+    def _revoke(self, id_hash: str | None) -> Work[int]:
+        where, args = ("id_hash = ?", (id_hash,)) if id_hash else ("1 = 1", ())
+        query = f"UPDATE sessions SET revoked_at = ? WHERE revoked_at IS NULL AND {where}"
+        return lambda db: db.execute(query, (time.time(), *args)).rowcount

@@ -26,8 +26,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from pocketchat.limits import Limits
 from pocketchat.settings import Settings
-from pocketchat.store import Store
-from pocketchat.store.sqlite import token_hash
+from pocketchat.store import Store, token_hash
 
 logger = logging.getLogger("pocketchat")
 

@@ -1,0 +1,132 @@
+"""The writes of the Store API, once for both stores: what each write is queued as (which conversation
+it holds up if refused, whether it is written again after a refusal, when it is stamped) and what its
+caller waits for. A store supplies only the statements, in its own SQL, as work for its write
+connection (`_insert`, `_save`, ...); its reads are its own.
+"""
+
+import asyncio
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any
+
+from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
+from pocketchat.store import session_hash
+from pocketchat.store.writes import D, Job, WriteQueue
+
+Work = Callable[[Any], Any]  # what the write connection runs for one job (a coroutine function on PostgreSQL)
+Row = tuple[Any, ...]  # a message as both stores write it (`Message.to_row`)
+
+
+def _rows(conversation_id: str, messages: list[Message]) -> list[Row]:
+    # Taken now, as queued: a reply goes on changing after its checkpoint is queued.
+    return [message.to_row(conversation_id) for message in messages]
+
+
+class QueuedStore(WriteQueue[D]):
+    """A store's writes, queued in order on its one writer (see `WriteQueue`)."""
+
+    # ---- conversations and messages --------------------------------------------------------------
+
+    async def create_conversation(self, record: ConversationRecord) -> None:
+        await self._write(self._insert(record), record.id)
+
+    def update_conversation(
+        self, record: ConversationRecord, fields: Collection[str] = RECORD_FIELDS
+    ) -> asyncio.Future[Any]:
+        """Write these fields of the record (of `RECORD_FIELDS`), and only these."""
+        record.updated_at = time.time()
+        names = [name for name in RECORD_FIELDS if name in fields]  # named here, never by the caller
+        return self._write(self._update(record, names), record.id)
+
+    def name_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+        """Write the record's title if the stored conversation has none yet (a turn naming it)."""
+        record.updated_at = time.time()
+        return self._write(self._name(record), record.id)
+
+    async def delete_conversation(self, conversation_id: str) -> bool:
+        # Not written again later: the caller tells the user it failed, and the conversation stays.
+        return await self._write(self._delete(conversation_id), conversation_id, retry=False)
+
+    def open_turn(
+        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message], delete_ids: list[str]
+    ) -> asyncio.Future[None]:
+        """Queue, at once, what a turn starts with: the conversation if it is `new`, the messages it replaces
+        deleted, its messages saved. Later writes land after it, so the turn need not wait for it."""
+        rows = _rows(conversation_id, messages)
+        return self._write(self._save(conversation_id, rows, delete_ids, new), conversation_id)
+
+    async def save_messages(self, conversation_id: str, messages: list[Message]) -> None:
+        """Insert or update these messages, in order, in one transaction."""
+        await self._write(self._save(conversation_id, _rows(conversation_id, messages), (), None), conversation_id)
+
+    def checkpoint(self, conversation_id: str, message: Message) -> None:
+        """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
+        work = self._save(conversation_id, _rows(conversation_id, [message]), (), None)
+        self._queue(Job(work, None, conversation_id))
+
+    async def save_interrupted(self, conversation_id: str, message: Message) -> None:
+        """Store a reply whose replica died as interrupted, unless its replica stored it since."""
+        await self._write(self._interrupt(message), conversation_id)
+
+    # ---- sign-in: never written again after a refusal (its caller answers the user now) -----------
+
+    async def secret(self, name: str, make: Callable[[], str]) -> str:
+        """The secret `name`, made by `make()` and kept the first time it is asked for."""
+        return await self._write(self._keep_secret(name, make()), None, retry=False)
+
+    async def set_secret(self, name: str, value: str) -> None:
+        """Replace the secret `name` (or keep it, the first time)."""
+        await self._write(self._replace_secret(name, value), None, retry=False)
+
+    async def create_session(self, session_id: str, user: str, lifetime: float) -> None:
+        now = time.time()
+        await self._write(self._add_session((session_hash(session_id), user, now, now + lifetime)), None, retry=False)
+
+    async def revoke_sessions(self, session_id: str | None = None) -> int:
+        """Revoke one session, or every one; how many were live."""
+        id_hash = session_hash(session_id) if session_id else None
+        return await self._write(self._revoke(id_hash), None, retry=False)
+
+    # ---- the statements, in the store's SQL ------------------------------------------------------
+
+    def _insert(self, record: ConversationRecord) -> Work:
+        """Store a new conversation, unless it is stored already or was deleted (replicas race)."""
+        raise NotImplementedError
+
+    def _update(self, record: ConversationRecord, names: list[str]) -> Work:
+        """Write `updated_at` and the fields `names` of the record."""
+        raise NotImplementedError
+
+    def _name(self, record: ConversationRecord) -> Work:
+        """Write the title and `updated_at` if the stored conversation has no title yet."""
+        raise NotImplementedError
+
+    def _delete(self, conversation_id: str) -> Work:
+        """Delete the conversation (its messages with it) and remember its id; give whether it was there."""
+        raise NotImplementedError
+
+    def _save(
+        self, conversation_id: str, rows: list[Row], delete_ids: Sequence[str], new: ConversationRecord | None
+    ) -> Work:
+        """Store `new` (as `_insert`), delete the messages `delete_ids`, write the messages' rows (a final
+        reply is never written over), and touch the conversation's `updated_at`."""
+        raise NotImplementedError
+
+    def _interrupt(self, message: Message) -> Work:
+        """Write the message's text, reasoning and error with the status interrupted, if it still streams."""
+        raise NotImplementedError
+
+    def _keep_secret(self, name: str, value: str) -> Work:
+        """Store the secret unless one of that name is stored; give the one stored."""
+        raise NotImplementedError
+
+    def _replace_secret(self, name: str, value: str) -> Work:
+        raise NotImplementedError
+
+    def _add_session(self, row: tuple[str, str, float, float]) -> Work:
+        """Store a session: (id hash, user, created at, expires at)."""
+        raise NotImplementedError
+
+    def _revoke(self, id_hash: str | None) -> Work:
+        """Revoke the session of this id hash (every one, for None) that is not revoked yet; give how many."""
+        raise NotImplementedError
