@@ -85,10 +85,12 @@ def test_the_database_keeps_only_the_hash_of_a_generated_token_and_login_link_ma
 def test_a_clear_token_of_an_older_release_is_hashed_in_place_and_still_signs_in(start_app, mode):
     app = start_app("--auth", "token")
     app.stop()
-    # The database as the release before this one left it: the token in clear, one schema step fewer.
-    older = "PRAGMA user_version = 2" if mode == "single" else "DELETE FROM schema_version WHERE version = 2"
+    # The database as the release before this one left it: the token in clear, without the schema
+    # steps since (the token's hash, the deleted conversations' table).
+    older = "PRAGMA user_version = 2" if mode == "single" else "DELETE FROM schema_version WHERE version >= 2"
     secrets_table(app, "DELETE FROM secrets WHERE name = 'access_token_hash'",
-                  f"INSERT INTO secrets VALUES ('access_token', '{CLEAR}')", older)  # fmt: skip
+                  f"INSERT INTO secrets VALUES ('access_token', '{CLEAR}')", "DROP TABLE deleted_conversations",
+                  older)  # fmt: skip
     app.start()
     kept = secrets_table(app)
     assert kept["access_token_hash"] == hashlib.sha256(CLEAR.encode()).hexdigest() and "access_token" not in kept
