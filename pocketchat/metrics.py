@@ -42,6 +42,22 @@ class Metrics:
             registry=registry,
         )
 
+        self.documents_indexed = Counter(
+            "pocketchat_documents_indexed", "Documents this replica indexed, ready to search.", registry=registry
+        )
+        self.documents_failed = Counter(
+            "pocketchat_documents_failed", "Documents whose indexing failed (or was cut short).", registry=registry
+        )
+        self.document_chunks = Counter(
+            "pocketchat_document_chunks", "Passages of the documents this replica indexed.", registry=registry
+        )
+        self.retrieval = Histogram(
+            "pocketchat_retrieval_seconds",
+            "Time to find the passages for a question, in a conversation with documents.",
+            buckets=WRITE_BUCKETS,
+            registry=registry,
+        )
+
     def turn_ended(self, turn: Turn) -> None:
         self.chunks.inc(turn.log.seq)
         if (ttft_ms := turn.reply.meta.get("ttft_ms")) is not None:
