@@ -25,7 +25,10 @@ from utils.read_document import Page, UnreadableDocument, kind_of, read_document
 from utils.retrieval import VectorCache
 
 logger = logging.getLogger("pocketchat")
-STALE_SECONDS = 120.0  # with replicas: an indexing that gave no sign of life this long lost its replica
+# With replicas: an indexing that gave no sign of life this long lost its replica (it writes its progress
+# every REPORT_SECONDS; only a remote embedding provider's answer may take longer: up to --idle-limit).
+STALE_SECONDS = 20.0
+SWEEP_SECONDS = 5.0  # how often a replica looks for them
 REPORT_SECONDS = 0.5  # progress is told (and written) at most this often
 NAME_CHARACTERS = 200
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -73,13 +76,35 @@ class Library:
         self._uploads = asyncio.Lock()  # a user's limits are checked and taken one upload at a time
         # PDFs are read one at a time, off the event loop: pure Python, they would hold the loop.
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="read-documents")
+        self._sweeping: asyncio.Task[None] | None = None
+        metrics.embedding_model_loaded.set_function(lambda: float(getattr(self.embedder, "loaded", True)))
 
     async def start(self) -> None:
-        """Documents a stopped process left `indexing` are marked failed: one process alone, all of them;
-        with replicas, those whose indexing stopped giving signs of life (another replica may be at it)."""
-        stale_before = time.time() - (STALE_SECONDS if self.settings.clustered else 0.0)
+        """Documents a stopped process left `indexing` are marked failed: one process alone, all of them
+        at start; with replicas, those whose indexing stopped giving signs of life (another replica may be
+        at it), at start and every SWEEP_SECONDS."""
+        if not self.settings.clustered:
+            await self._sweep(time.time())
+            return
+        await self._sweep(time.time() - self._stale_seconds)
+        self._sweeping = asyncio.create_task(self._sweep_now_and_then())
+
+    @property
+    def _stale_seconds(self) -> float:
+        return max(STALE_SECONDS, 2 * self.settings.idle_limit)
+
+    async def _sweep_now_and_then(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            try:
+                await self._sweep(time.time() - self._stale_seconds)
+            except Exception as error:  # the database is down: the next round tries again
+                logger.warning("could not look for documents left indexing: %s", error)
+
+    async def _sweep(self, stale_before: float) -> None:
         for document in await self.store.sweep_documents(stale_before):
             self.metrics.documents_failed.inc()
+            self._told(document)
             logger.warning("document %s… was left indexing by a stopped process: marked failed", document.id[:6])
 
     async def add(
@@ -201,6 +226,8 @@ class Library:
 
     async def aclose(self) -> None:
         tasks = [task for _, task in self._indexing.values()]
+        if self._sweeping is not None:
+            tasks.append(self._sweeping)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

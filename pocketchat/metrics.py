@@ -51,6 +51,11 @@ class Metrics:
         self.document_chunks = Counter(
             "pocketchat_document_chunks", "Passages of the documents this replica indexed.", registry=registry
         )
+        self.embedding_model_loaded = Gauge(
+            "pocketchat_embedding_model_loaded",
+            "1 once the local embedding model is loaded (on the first document or question that needs it).",
+            registry=registry,
+        )
         self.retrieval = Histogram(
             "pocketchat_retrieval_seconds",
             "Time to find the passages for a question, in a conversation with documents.",

@@ -831,7 +831,12 @@ class PostgresStore:
             "INSERT INTO chunks (document_id, conversation_id, seq, page, text, vector) VALUES ($1, $2, $3, $4, $5, $6)"
         )
         values = [(document.id, document.conversation_id, *row) for row in rows]
-        return self._write(lambda db: db.executemany(query, values), document.conversation_id, retry=False)
+
+        async def work(db: asyncpg.Connection) -> None:
+            await db.executemany(query, values)
+            await db.execute("UPDATE documents SET updated_at = $1 WHERE id = $2", time.time(), document.id)
+
+        return self._write(work, document.conversation_id, retry=False)
 
     def finish_document(self, document: DocumentRecord) -> asyncio.Future[bool]:
         """Mark it ready, or failed (its passages deleted), if it is still indexing; whether it was."""

@@ -548,7 +548,12 @@ class SqliteStore:
         until `finish_document` marks it ready."""
         query = "INSERT INTO chunks (document_id, conversation_id, seq, page, text, vector) VALUES (?, ?, ?, ?, ?, ?)"
         values = [(document.id, document.conversation_id, *row) for row in rows]
-        return self._write(lambda db: db.executemany(query, values), document.conversation_id, retry=False)
+
+        def work(db: sqlite3.Connection) -> None:
+            db.executemany(query, values)
+            db.execute("UPDATE documents SET updated_at = ? WHERE id = ?", (time.time(), document.id))
+
+        return self._write(work, document.conversation_id, retry=False)
 
     def finish_document(self, document: DocumentRecord) -> asyncio.Future[bool]:
         """Mark it ready, or failed (its passages deleted), if it is still indexing; whether it was."""
