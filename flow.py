@@ -8,22 +8,44 @@ from collections.abc import Callable
 
 from pocketflow import AsyncFlow
 
-from nodes import BuildPrompt, SaveReply, StreamChat, TitleConversation
+from nodes import (
+    BuildPrompt,
+    ChunkDocument,
+    EmbedChunks,
+    RetrieveDocuments,
+    SaveReply,
+    StoreChunks,
+    StreamChat,
+    TitleConversation,
+)
 from pocketchat.settings import Settings
 
 
 def create_chat_flow(settings: Settings) -> AsyncFlow:
-    """One chat turn: name the conversation, build the prompt, stream the reply, record it."""
+    """One chat turn: name the conversation, find the passages of its documents, build the prompt, stream
+    the reply, record it."""
     title = TitleConversation()
+    retrieve = RetrieveDocuments()
     prompt = BuildPrompt()
     chat = StreamChat(max_retries=settings.retries, wait=settings.retry_wait)
     save = SaveReply()
-    title >> prompt >> chat
+    title >> retrieve >> prompt >> chat
     # StreamChat says how the reply ended; a node for complete replies only goes on the first line.
     chat - "complete" >> save
     chat - "stopped" >> save
     chat - "error" >> save
     return AsyncFlow(start=title)
+
+
+def create_indexing_flow(settings: Settings) -> AsyncFlow:
+    """One document, in the background after its upload (its text read already): cut it into passages,
+    embed them in batches, store them and mark it ready."""
+    chunk = ChunkDocument()
+    # A remote embedding provider may fail for a moment: each attempt embeds every passage again.
+    embed = EmbedChunks(max_retries=settings.retries, wait=settings.retry_wait)
+    store = StoreChunks()
+    chunk >> embed >> store
+    return AsyncFlow(start=chunk)
 
 
 FLOWS: dict[str, Callable[[Settings], AsyncFlow]] = {

@@ -1,23 +1,30 @@
-"""The nodes of a chat turn. Each reads the shared store in `prep`, works in `exec`, writes in `post`.
+"""The nodes of a chat turn, and of a document's indexing. Each reads the shared store in `prep`,
+works in `exec`, writes in `post`.
 
 Nodes never touch a socket: what the browser should see goes to `shared["log"]`, the turn's log,
 which every attached socket follows. A node shows itself in the page with `log.append_step(...)`.
 """
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from pocketflow import AsyncNode
 
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn
 from pocketchat.errors import ProviderError, StorageError
-from pocketchat.records import Message, Status
-from pocketchat.store import save_reply
+from pocketchat.records import DocumentRecord, Message, Passage, Status
+from pocketchat.store import Store, save_reply
 from pocketchat.turn_log import TurnLog
+from utils.chunking import Chunk, chunk_pages
+from utils.embeddings import Embedder, to_bytes
 from utils.llm_stream import ChatProvider, StreamResult, stream_llm
 from utils.prompt import Snippet, build_prompt, estimate_tokens
+from utils.read_document import Page
+from utils.retrieval import VectorCache, retrieve
 
 
 class TitleConversation(AsyncNode):
@@ -43,6 +50,84 @@ class TitleConversation(AsyncNode):
         # conversation has no title yet: a rename on another replica meanwhile wins.
         shared["store"].name_conversation(conversation.record)
         shared["log"].append(protocol.conversation(conversation.record))
+
+
+@dataclass
+class RetrievalRequest:
+    store: Store
+    vectors: VectorCache
+    embedder: Embedder
+    conversation_id: str
+    owner: str
+    question: str
+    budget: int  # tokens of the context budget the passages may take
+
+
+@dataclass
+class Found:
+    passages: list[Passage]
+    failure: str | None = None  # why the documents could not be searched
+    seconds: float | None = None  # how long the search took, when there were documents to search
+
+
+PASSAGES = 5  # passages a reply gets, when its documents are too big to be given whole
+WHOLE_SHARE = 2  # documents are given whole when they take at most 1/2 of the context budget
+
+
+class RetrieveDocuments(AsyncNode):
+    """When the conversation has documents, find the passages that best answer the user's message (or
+    take a small document whole), put them in `shared["context"]` for BuildPrompt, and show them as a
+    `sources` step. A conversation without documents costs one small read: no model is loaded."""
+
+    async def prep_async(self, shared: dict[str, Any]) -> RetrievalRequest:
+        conversation: Conversation = shared["conversation"]
+        library = shared["documents"]
+        return RetrievalRequest(
+            shared["store"],
+            library.vectors,
+            library.embedder,
+            conversation.id,
+            conversation.record.owner,
+            shared["turn"].user_message.content,
+            shared["settings"].context_budget // WHOLE_SHARE,
+        )
+
+    async def exec_async(self, request: RetrievalRequest) -> Found:
+        started = time.perf_counter()
+        documents = await request.store.list_documents(request.conversation_id, request.owner)
+        ready = [document for document in documents if document.status == "ready"]
+        if not ready:
+            return Found([])
+        if sum(document.chunks for document in ready) * PASSAGE_TOKENS <= request.budget:
+            # Small enough to be read whole, in order: nothing to embed or search.
+            whole = await request.vectors.all_ids([document.id for document in ready])
+            found = {passage.id: passage for passage in await request.store.passages(request.owner, whole)}
+            passages = [found[passage_id] for passage_id in whole if passage_id in found]
+            return Found(passages, seconds=time.perf_counter() - started)
+        passages = await retrieve(
+            request.store, request.vectors, request.embedder, ready, request.owner, request.question, PASSAGES
+        )
+        return Found(passages, seconds=time.perf_counter() - started)
+
+    async def exec_fallback_async(self, request: RetrievalRequest, exc: Exception) -> Found:
+        # The reply goes on without its documents rather than failing; a status step says so.
+        return Found([], f"The documents could not be searched ({exc}).")
+
+    async def post_async(self, shared: dict[str, Any], request: RetrievalRequest, found: Found) -> None:
+        if found.seconds is not None:
+            shared["documents"].metrics.retrieval.observe(found.seconds)
+        if found.failure:
+            shared["log"].append_step("RetrieveDocuments", "status", found.failure)
+        if not found.passages:
+            return
+        shared["context"].extend(Snippet(passage.text, passage.source) for passage in found.passages)
+        sources = [
+            {"source": p.source, "text": p.text, "document_id": p.document_id, "page": p.page} for p in found.passages
+        ]
+        shared["log"].append_step("RetrieveDocuments", "sources", sources)
+
+
+PASSAGE_TOKENS = 175  # a passage is at most about 700 characters (utils/chunking.py)
 
 
 @dataclass
@@ -212,3 +297,80 @@ class SaveReply(AsyncNode):
             shared["log"].append(protocol.error(error))
         except TimeoutError:
             shared["log"].append(protocol.error(StorageError(NOT_SAVED_YET, turn.id)))
+
+
+# ---- indexing a document: the flow's nodes (flow.create_indexing_flow) --------------------------------
+
+
+class ChunkDocument(AsyncNode):
+    """Cut the document's pages into passages of a few sentences, each on one page."""
+
+    async def prep_async(self, shared: dict[str, Any]) -> list[Page]:
+        return shared["pages"]
+
+    async def exec_async(self, pages: list[Page]) -> list[Chunk]:
+        return chunk_pages(pages)
+
+    async def post_async(self, shared: dict[str, Any], pages: list[Page], chunks: list[Chunk]) -> None:
+        shared["chunks"] = chunks
+        shared["report"](0.01)
+
+
+@dataclass
+class EmbedRequest:
+    embedder: Embedder
+    texts: list[str]
+    report: Callable[[float], None]
+
+
+EMBED_BATCH = 16  # passages a call: the progress moves every few tenths of a second
+
+
+class EmbedChunks(AsyncNode):
+    """A vector for each passage, in batches, telling how far it went after each batch (a level: a
+    retry that repeats a batch tells the same level again, and shows nothing twice)."""
+
+    async def prep_async(self, shared: dict[str, Any]) -> EmbedRequest:
+        return EmbedRequest(shared["embedder"], [chunk.text for chunk in shared["chunks"]], shared["report"])
+
+    async def exec_async(self, request: EmbedRequest) -> np.ndarray:
+        batches = []
+        for start in range(0, len(request.texts), EMBED_BATCH):
+            batches.append(await request.embedder.embed(request.texts[start : start + EMBED_BATCH]))
+            request.report(0.01 + 0.95 * min(start + EMBED_BATCH, len(request.texts)) / len(request.texts))
+        return np.concatenate(batches)
+
+    async def post_async(self, shared: dict[str, Any], request: EmbedRequest, vectors: np.ndarray) -> None:
+        shared["vectors"] = vectors
+
+
+STORE_BATCH = 500  # passages a write: a big document does not hold the database's writer long
+
+
+class StoreChunks(AsyncNode):
+    """Store the passages with their vectors, then mark the document ready: until then retrieval does
+    not see them, so a document cut short is never half-searched."""
+
+    async def prep_async(self, shared: dict[str, Any]) -> tuple[list[Chunk], np.ndarray]:
+        return shared["chunks"], shared["vectors"]
+
+    async def exec_async(self, inputs: tuple[list[Chunk], np.ndarray]) -> list[tuple[int, int | None, str, bytes]]:
+        chunks, vectors = inputs
+        return [
+            (seq, chunk.page, chunk.text, to_bytes(vector))
+            for seq, (chunk, vector) in enumerate(zip(chunks, vectors, strict=True))
+        ]
+
+    async def post_async(
+        self,
+        shared: dict[str, Any],
+        inputs: tuple[list[Chunk], np.ndarray],
+        rows: list[tuple[int, int | None, str, bytes]],
+    ) -> None:
+        store: Store = shared["store"]
+        document: DocumentRecord = shared["document"]
+        for start in range(0, len(rows), STORE_BATCH):
+            await store.add_chunks(document, rows[start : start + STORE_BATCH])
+        document.status, document.progress, document.chunks = "ready", 1.0, len(rows)
+        if not await store.finish_document(document):
+            document.status = "failed"  # removed meanwhile (or swept as stale): its passages go with it

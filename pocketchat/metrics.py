@@ -42,6 +42,27 @@ class Metrics:
             registry=registry,
         )
 
+        self.documents_indexed = Counter(
+            "pocketchat_documents_indexed", "Documents this replica indexed, ready to search.", registry=registry
+        )
+        self.documents_failed = Counter(
+            "pocketchat_documents_failed", "Documents whose indexing failed (or was cut short).", registry=registry
+        )
+        self.document_chunks = Counter(
+            "pocketchat_document_chunks", "Passages of the documents this replica indexed.", registry=registry
+        )
+        self.embedding_model_loaded = Gauge(
+            "pocketchat_embedding_model_loaded",
+            "1 once the local embedding model is loaded (on the first document or question that needs it).",
+            registry=registry,
+        )
+        self.retrieval = Histogram(
+            "pocketchat_retrieval_seconds",
+            "Time to find the passages for a question, in a conversation with documents.",
+            buckets=WRITE_BUCKETS,
+            registry=registry,
+        )
+
     def turn_ended(self, turn: Turn) -> None:
         self.chunks.inc(turn.log.seq)
         if (ttft_ms := turn.reply.meta.get("ttft_ms")) is not None:

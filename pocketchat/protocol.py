@@ -199,6 +199,12 @@ def deleted(conversation_id: str) -> dict[str, Any]:
     return {"type": "deleted", "conversation_id": conversation_id, "session_id": conversation_id}
 
 
+def document(conversation_id: str, state: dict[str, Any]) -> dict[str, Any]:
+    """A document of the conversation changed: `state` is its `{id, name, size, status, progress,
+    chunks, error?}`, or `{id, status: "removed"}`."""
+    return {"type": "document", "conversation_id": conversation_id, "document": state}
+
+
 def error(error: ProtocolError) -> dict[str, Any]:
     frame: dict[str, Any] = {"type": "error", "code": error.code, "message": error.message}
     if error.turn_id:
@@ -219,5 +225,6 @@ SERVER_FRAME_TYPES = [
     "turn_end",
     "conversation",
     "deleted",
+    "document",
     "error",
 ]

@@ -106,3 +106,67 @@ class ConversationRecord:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }
+
+
+# indexing: its passages are being read, cut and embedded; ready: it is searched; failed: `error` says why.
+DocumentStatus = Literal["indexing", "ready", "failed"]
+
+
+@dataclass
+class DocumentRecord:
+    """A file attached to a conversation, and how far its indexing went."""
+
+    conversation_id: str
+    owner: str
+    name: str
+    size: int  # bytes, as uploaded
+    status: DocumentStatus = "indexing"
+    error: str | None = None
+    progress: float = 0.0  # of the indexing, from 0 to 1
+    chunks: int = 0  # passages, once ready
+    embedder: str = ""  # the embedding model of its vectors: another model's are not comparable
+    id: str = field(default_factory=new_id)
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)  # the indexing's last sign of life
+
+    FIELDS = (
+        "id", "conversation_id", "owner", "name", "size", "status", "error", "progress", "chunks", "embedder",
+        "created_at", "updated_at",
+    )  # fmt: skip
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "DocumentRecord":
+        return cls(**{name: row[name] for name in cls.FIELDS})
+
+    def to_row(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.FIELDS)
+
+    def to_wire(self) -> dict[str, Any]:
+        wire: dict[str, Any] = {
+            "id": self.id,
+            "name": self.name,
+            "size": self.size,
+            "status": self.status,
+            "progress": round(self.progress, 3),
+            "chunks": self.chunks,
+        }
+        if self.error:
+            wire["error"] = self.error
+        return wire
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A stored passage of a document, as retrieval returns it."""
+
+    id: int
+    document_id: str
+    name: str  # the document's file name
+    page: int | None
+    text: str
+    seq: int = 0  # its place in the document
+
+    @property
+    def source(self) -> str:
+        """How a reply cites it: the file, and the page when it has pages."""
+        return self.name if self.page is None else f"{self.name}, p. {self.page}"

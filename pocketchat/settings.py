@@ -183,6 +183,22 @@ class Settings(BaseSettings):
         description="Renames, model or system prompt changes and deletes one user may make a minute (0: no limit).",
     )
 
+    embedding_model: str | None = Field(
+        None,
+        min_length=1,
+        description="Embed documents with this model of the OpenAI-compatible provider (/v1/embeddings); unset: "
+        "all-MiniLM-L6-v2 on this machine, offline.",
+    )
+    limit_document_bytes: int = Field(
+        20_000_000, gt=0, description="Largest file that can be attached to a conversation, in bytes."
+    )
+    limit_documents_per_conversation: int = Field(
+        20, ge=0, description="Documents one conversation may have (0: no limit)."
+    )
+    limit_document_bytes_per_user: int = Field(
+        200_000_000, ge=0, description="Bytes all of one user's documents may take together (0: no limit)."
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,

@@ -3,7 +3,7 @@
 import asyncio
 import contextlib
 import logging
-from typing import Protocol
+from typing import Any, Protocol
 
 from fastapi import FastAPI
 
@@ -11,6 +11,7 @@ from pocketchat import protocol
 from pocketchat.background import Background
 from pocketchat.cluster.coordinator import Cluster, SingleProcess
 from pocketchat.conversations import Conversation, Hub
+from pocketchat.documents import Library
 from pocketchat.errors import ProviderError
 from pocketchat.metrics import Metrics
 from pocketchat.settings import Settings
@@ -40,6 +41,8 @@ class AppState:
         self.limits = self.coordinator.limits  # counted here, or in Redis across replicas
         self.metrics = Metrics(lambda: sum(1 for turn in self.hub.running_turns if turn.task is not None))
         store.timing = self.metrics.store_writes.observe
+        self.documents = Library(settings, store, provider, self.metrics)
+        self.documents.tell = self.tell_documents
         if isinstance(self.coordinator, Cluster):
             self.coordinator.on_lag = self.metrics.log_lag.observe
         self.sign_in = SignIn(settings, store, self.limits)
@@ -51,6 +54,7 @@ class AppState:
 
     async def start(self) -> None:
         await self.coordinator.start()
+        await self.documents.start()
         await self.sign_in.start()
         self._tasks.keep("the session watch", self._close_sockets_of_dead_sessions)
 
@@ -66,6 +70,12 @@ class AppState:
         if self.default_model is None:
             self.resolve_default_model()
         return self.hub.create(owner, self.default_model or "", self.settings.system_prompt)
+
+    def tell_documents(self, conversation_id: str, frame: dict[str, Any]) -> None:
+        """A `document` frame, to the conversation's sockets here and on every other replica."""
+        if (conversation := self.hub.live(conversation_id)) is not None:
+            conversation.broadcast(frame)
+        self.coordinator.documents_changed(conversation_id, frame)
 
     # ---- sessions and their sockets -------------------------------------------------------------
 
@@ -139,6 +149,7 @@ class AppState:
         for turn in self.hub.running_turns:
             turn.stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.documents.aclose()
         await self.provider.aclose()
         await self.coordinator.aclose()
         await self.store.close()

@@ -45,6 +45,7 @@ def new_shared(state: AppState, conversation: Conversation, turn: Turn) -> dict[
         "log": turn.log,  # TurnLog: what the page sees (chunks, steps), followed by every socket
         "provider": state.provider,  # ChatProvider: the model
         "store": state.store,  # Store: the database
+        "documents": state.documents,  # Library: the conversation's documents' embedding model and vectors
         "context": [],  # list[Snippet]: what earlier nodes found for the prompt, with their sources
         "prompt": None,  # list[dict]: the messages BuildPrompt made, which StreamChat sends
     }

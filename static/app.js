@@ -1,6 +1,7 @@
 // The page: one conversation on screen, a sidebar of all of them, one WebSocket to the server.
 // docs/protocol.md is the contract for every frame handled here.
 import { Connection } from "./connection.js";
+import { acceptFiles, Documents } from "./documents.js";
 import { copyCode } from "./markdown.js";
 import { Transcript } from "./transcript.js";
 
@@ -28,6 +29,7 @@ const state = {
 };
 
 const transcript = new Transcript($("transcript"), $("scroller"), $("jump"));
+const documents = new Documents($("documents"), $("file-picker"), (text) => showNotice(text), signIn);
 const connection = new Connection(onFrame, helloFrame, showConnection, signIn);
 
 /** Not signed in (no session, or it was revoked): the sign-in page. */
@@ -64,6 +66,11 @@ const handlers = {
     }
     setStreaming(Boolean(state.running));
     refreshSidebar();
+    documents.open(frame.conversation_id);
+  },
+
+  document(frame) {
+    documents.update(frame);
   },
 
   turn_start(frame) {
@@ -392,6 +399,8 @@ ui.input.addEventListener("keydown", (event) => {
   }
 });
 ui.input.addEventListener("input", autosize);
+$("attach").addEventListener("click", () => $("file-picker").click());
+acceptFiles(document.querySelector(".main"), ui.input, (files) => documents.attach(files));
 $("new-chat").addEventListener("click", newChat);
 $("reconnect-now").addEventListener("click", () => connection.reconnectNow());
 ui.toggleSidebar.addEventListener("click", () => {

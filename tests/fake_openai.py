@@ -13,6 +13,7 @@ import asyncio
 import json
 import threading
 import time
+import zlib
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +40,15 @@ class Reply:
 
     def pieces(self) -> list[str]:
         return self.tokens if self.tokens is not None else [f"tok{i} " for i in range(1, self.count + 1)]
+
+
+def word_vector(text: str, dimensions: int = 64) -> list[float]:
+    """The fake's embedding of a text: its words hashed into `dimensions` counts (texts that share words
+    are near; deterministic across processes, unlike `hash`)."""
+    vector = [0.0] * dimensions
+    for word in text.lower().split():
+        vector[zlib.crc32(word.strip(".,;:!?\"'()").encode()) % dimensions] += 1.0
+    return vector
 
 
 class FakeOpenAI:
@@ -101,6 +111,12 @@ class FakeOpenAI:
                 return None
             data = {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "fake"} for m in MODELS]}
             self._json(writer, 200, data)
+        elif method == "POST" and path.endswith("/embeddings"):
+            inputs = request["json"]["input"]
+            data = [
+                {"object": "embedding", "index": i, "embedding": word_vector(text)} for i, text in enumerate(inputs)
+            ]
+            self._json(writer, 200, {"object": "list", "data": data, "model": request["json"]["model"]})
         elif method == "POST" and path.endswith("/chat/completions"):
             reply = self.script.popleft() if self.script else self.default
             if reply.status is not None:

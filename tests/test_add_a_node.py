@@ -107,7 +107,7 @@ def test_the_guides_node_is_four_blocks_whose_test_passes_and_whose_suggestions_
     changed = {"nodes.py", "flow.py", "utils/follow_ups.py", "tests/test_follow_ups.py"}
     assert changed_files(copy) == changed
     flow = (copy / "flow.py").read_text()
-    (copy / "flow.py").write_text(flow.replace("import BuildPrompt,", "import BuildPrompt, SuggestFollowUps,"))
+    (copy / "flow.py").write_text(flow.replace("BuildPrompt,", "BuildPrompt, SuggestFollowUps,", 1))
 
     guide_test = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_follow_ups.py"],
@@ -145,7 +145,7 @@ class CountWords(AsyncNode):
     apply(copy, "nodes.py", "add at the end", node)
     apply(copy, "flow.py", "changed", '    chat - "complete" >> CountWords() >> save\n')
     flow = (copy / "flow.py").read_text()
-    (copy / "flow.py").write_text(flow.replace("import BuildPrompt,", "import BuildPrompt, CountWords,"))
+    (copy / "flow.py").write_text(flow.replace("BuildPrompt,", "BuildPrompt, CountWords,", 1))
     assert changed_files(copy) == {"nodes.py", "flow.py"}
 
     app = start(copy)

@@ -55,6 +55,10 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "redis_url": ("redis://one.invalid:6379/0", "redis://two.invalid:6379/0"),
     "drain_timeout": ("5", "6"),
     "redis_prefix": ("one:", "two:"),
+    "embedding_model": ("embed-one", "embed-two"),
+    "limit_document_bytes": ("1000001", "1000002"),
+    "limit_documents_per_conversation": ("15", "16"),
+    "limit_document_bytes_per_user": ("3000001", "3000002"),
 }
 SETTINGS = list(Settings.model_fields)
 DOCUMENTED_OPENAI = {"base_url": "OPENAI_BASE_URL", "api_key": "OPENAI_API_KEY"}

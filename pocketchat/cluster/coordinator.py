@@ -113,6 +113,9 @@ class SingleProcess:
     def changed(self, conversation: Conversation, names: Collection[str]) -> None:
         return None
 
+    def documents_changed(self, conversation_id: str, frame: dict[str, Any]) -> None:
+        return None
+
     async def deleting(self, conversation_id: str) -> None:
         return None
 
@@ -343,6 +346,10 @@ class Cluster:
         fields = {name: getattr(conversation.record, name) for name in names}
         self._background(self._publish({"kind": "changed", "conversation": conversation.id, **fields}))
 
+    def documents_changed(self, conversation_id: str, frame: dict[str, Any]) -> None:
+        """Tell the other replicas' sockets on the conversation of a document's new state (`document` frame)."""
+        self._background(self._publish({"kind": "document", "conversation": conversation_id, "frame": frame}))
+
     async def deleting(self, conversation_id: str) -> None:
         """About to delete it: take its lease for a while, so that no replica starts a turn meanwhile
         (one that just started is fenced: it can append nothing more), and forget it as new."""
@@ -381,6 +388,8 @@ class Cluster:
                 if name in event:
                     setattr(live.record, name, event[name])
             live.broadcast(protocol.conversation(live.record))
+        elif kind == "document" and live is not None:
+            live.broadcast(event["frame"])
         elif kind == "deleted" and live is not None:
             live.broadcast(protocol.deleted(conversation_id))
             for subscriber in list(live.subscribers):

@@ -84,6 +84,22 @@ class OpenAIProvider:
         except openai.OpenAIError as error:
             raise self.translate(error) from None
 
+    async def embeddings(self, texts: list[str], model: str) -> list[list[float]]:
+        """One vector per text from the provider's `/v1/embeddings` (`--embedding-model`), in order."""
+        try:
+            answer: Any = await self.client.post(
+                "/embeddings",
+                body={"model": model, "input": texts},
+                cast_to=object,
+                options={"headers": self._headers},
+            )
+            rows = sorted(answer["data"], key=lambda row: row["index"])
+            return [row["embedding"] for row in rows]
+        except openai.OpenAIError as error:
+            raise self.translate(error) from None
+        except (KeyError, TypeError) as error:
+            raise ProviderError(f"The provider's embeddings cannot be read ({error!r:.100}).") from None
+
     @asynccontextmanager
     async def open_stream(
         self,

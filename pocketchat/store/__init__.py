@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
-from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
+from pocketchat.records import RECORD_FIELDS, ConversationRecord, DocumentRecord, Message, Passage
 from pocketchat.settings import Settings
 
 
@@ -70,6 +70,35 @@ class Store(Protocol):
     async def revoke_sessions(self, session_id: str | None = None) -> int: ...
 
     async def dead_sessions(self, session_ids: list[str]) -> set[str]: ...
+
+    # Documents: written through the same queue, behind the conversation's other writes.
+
+    def add_document(self, document: DocumentRecord) -> asyncio.Future[Any]: ...
+
+    def document_progress(self, document: DocumentRecord) -> asyncio.Future[Any]: ...
+
+    def add_chunks(
+        self, document: DocumentRecord, rows: list[tuple[int, int | None, str, bytes]]
+    ) -> asyncio.Future[Any]: ...
+
+    def finish_document(self, document: DocumentRecord) -> asyncio.Future[bool]:
+        """Mark it ready or failed (its passages deleted), if it is still indexing; whether it was."""
+
+    def delete_document(self, conversation_id: str, document_id: str) -> asyncio.Future[bool]: ...
+
+    def sweep_documents(self, stale_before: float) -> asyncio.Future[list[DocumentRecord]]:
+        """Mark failed the documents left indexing with no sign of life since `stale_before`."""
+
+    async def list_documents(self, conversation_id: str, owner: str) -> list[DocumentRecord]: ...
+
+    async def document_usage(self, conversation_id: str, owner: str) -> tuple[int, int]:
+        """How many documents the conversation has, and how many bytes the owner's documents take."""
+
+    async def document_vectors(self, document_id: str) -> tuple[list[int], list[bytes]]: ...
+
+    async def search_passages(self, document_ids: list[str], terms: list[str], most: int) -> list[int]: ...
+
+    async def passages(self, owner: str, ids: list[int]) -> list[Passage]: ...
 
 
 TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered

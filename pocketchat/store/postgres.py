@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from pocketchat.errors import Unavailable
-from pocketchat.records import ConversationRecord, Message
+from pocketchat.records import ConversationRecord, DocumentRecord, Message, Passage
 from pocketchat.store import TOMBSTONE_SECONDS, session_hash
 from pocketchat.store.queued import QueuedStore, Row
 from pocketchat.store.writes import Database, Job
@@ -105,6 +105,39 @@ DELETE FROM secrets WHERE name = 'access_token';
     # deleted it must not store it again (SQLite's step 4).
     """
 CREATE TABLE deleted_conversations (id TEXT PRIMARY KEY, deleted_at DOUBLE PRECISION NOT NULL);
+""",
+    # Documents (SQLite's step 5): files attached to a conversation (deleted with it), their passages
+    # with a vector each (float32 bytes), and a full-text index of the passages (a tsvector column the
+    # server keeps, with a GIN index).
+    """
+CREATE TABLE documents (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    owner TEXT NOT NULL,
+    name TEXT NOT NULL,
+    size BIGINT NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    progress DOUBLE PRECISION NOT NULL DEFAULT 0,
+    chunks INTEGER NOT NULL DEFAULT 0,
+    embedder TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX documents_by_conversation ON documents (conversation_id, created_at);
+CREATE INDEX documents_by_owner ON documents (owner);
+CREATE TABLE chunks (
+    id BIGSERIAL PRIMARY KEY,
+    document_id TEXT NOT NULL REFERENCES documents (id) ON DELETE CASCADE,
+    conversation_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    page INTEGER,
+    text TEXT NOT NULL,
+    vector BYTEA NOT NULL,
+    words TSVECTOR GENERATED ALWAYS AS (to_tsvector('english', text)) STORED
+);
+CREATE INDEX chunks_by_document ON chunks (document_id, seq);
+CREATE INDEX chunks_words ON chunks USING GIN (words);
 """,
 ]
 
@@ -512,3 +545,114 @@ class PostgresStore(QueuedStore[_WriteConnection]):
             return _count(await db.execute(query, *args))
 
         return work
+
+    # ---- documents -------------------------------------------------------------------------------
+
+    def add_document(self, document: DocumentRecord) -> asyncio.Future[Any]:
+        marks = ", ".join(f"${number}" for number in range(1, len(DocumentRecord.FIELDS) + 1))
+        query = f"INSERT INTO documents ({', '.join(DocumentRecord.FIELDS)}) VALUES ({marks})"
+        row = document.to_row()
+        return self._write(lambda db: db.execute(query, *row), document.conversation_id, retry=False)
+
+    def document_progress(self, document: DocumentRecord) -> asyncio.Future[Any]:
+        """Write how far its indexing went (and that it goes on: `updated_at`)."""
+        query = "UPDATE documents SET progress = $1, updated_at = $2 WHERE id = $3 AND status = 'indexing'"
+        row = (document.progress, time.time(), document.id)
+        return self._write(lambda db: db.execute(query, *row), document.conversation_id, retry=False)
+
+    def add_chunks(
+        self, document: DocumentRecord, rows: list[tuple[int, int | None, str, bytes]]
+    ) -> asyncio.Future[Any]:
+        """Store passages (seq, page, text, vector) of a document being indexed; retrieval ignores them
+        until `finish_document` marks it ready."""
+        query = (
+            "INSERT INTO chunks (document_id, conversation_id, seq, page, text, vector) VALUES ($1, $2, $3, $4, $5, $6)"
+        )
+        values = [(document.id, document.conversation_id, *row) for row in rows]
+
+        async def work(db: asyncpg.Connection) -> None:
+            await db.executemany(query, values)
+            await db.execute("UPDATE documents SET updated_at = $1 WHERE id = $2", time.time(), document.id)
+
+        return self._write(work, document.conversation_id, retry=False)
+
+    def finish_document(self, document: DocumentRecord) -> asyncio.Future[bool]:
+        """Mark it ready, or failed (its passages deleted), if it is still indexing; whether it was."""
+        query = "UPDATE documents SET status = $1, error = $2, progress = $3, chunks = $4, updated_at = $5"
+        query += " WHERE id = $6 AND status = 'indexing'"
+        row = (document.status, document.error, document.progress, document.chunks, time.time(), document.id)
+
+        async def work(db: asyncpg.Connection) -> bool:
+            if document.status == "failed":
+                await db.execute("DELETE FROM chunks WHERE document_id = $1", document.id)
+            return _count(await db.execute(query, *row)) > 0
+
+        return self._write(work, document.conversation_id, retry=False)
+
+    def delete_document(self, conversation_id: str, document_id: str) -> asyncio.Future[bool]:
+        async def work(db: asyncpg.Connection) -> bool:
+            query = "DELETE FROM documents WHERE id = $1 AND conversation_id = $2"
+            return _count(await db.execute(query, document_id, conversation_id)) > 0
+
+        return self._write(work, conversation_id, retry=False)
+
+    def sweep_documents(self, stale_before: float) -> asyncio.Future[list[DocumentRecord]]:
+        """Mark failed the documents still `indexing` whose indexing gave no sign of life since
+        `stale_before` (its replica died), deleting their passages; return them."""
+        error = "Indexing was cut short (the server stopped). Remove it and attach it again."
+
+        async def work(db: asyncpg.Connection) -> list[DocumentRecord]:
+            where = "status = 'indexing' AND updated_at < $1"
+            rows = await db.fetch(f"SELECT * FROM documents WHERE {where} FOR UPDATE", stale_before)
+            found = [DocumentRecord.from_row(row) for row in rows]
+            for document in found:
+                await db.execute("DELETE FROM chunks WHERE document_id = $1", document.id)
+                await db.execute("UPDATE documents SET status = 'failed', error = $1 WHERE id = $2", error, document.id)
+                document.status, document.error = "failed", error
+            return found
+
+        return self._write(work, None, retry=False)
+
+    async def list_documents(self, conversation_id: str, owner: str) -> list[DocumentRecord]:
+        query = "SELECT * FROM documents WHERE conversation_id = $1 AND owner = $2 ORDER BY created_at, id"
+        rows = await self._read(lambda db: db.fetch(query, conversation_id, owner))
+        return [DocumentRecord.from_row(row) for row in rows]
+
+    async def document_usage(self, conversation_id: str, owner: str) -> tuple[int, int]:
+        """How many documents the conversation has, and how many bytes the owner's documents take."""
+        query = (
+            "SELECT count(*) FILTER (WHERE conversation_id = $1), coalesce(sum(size), 0) FROM documents"
+            " WHERE owner = $2"
+        )
+        row = await self._read(lambda db: db.fetchrow(query, conversation_id, owner))
+        return int(row[0]), int(row[1])
+
+    async def document_vectors(self, document_id: str) -> tuple[list[int], list[bytes]]:
+        """The ids of a document's passages and their vectors, in order."""
+        query = "SELECT id, vector FROM chunks WHERE document_id = $1 ORDER BY seq"
+        rows = await self._read(lambda db: db.fetch(query, document_id))
+        return [row[0] for row in rows], [row[1] for row in rows]
+
+    async def search_passages(self, document_ids: list[str], terms: list[str], most: int) -> list[int]:
+        """The ids of the passages of these documents that hold any of `terms`, best first (ts_rank)."""
+        if not terms or not document_ids:
+            return []
+        # Each term quoted as a lexeme of its own, stemmed by the 'english' configuration; stop words drop out.
+        match = " | ".join("'" + term.replace("'", "") + "'" for term in terms)
+        query = (
+            "SELECT id FROM chunks, to_tsquery('english', $1) AS q WHERE words @@ q AND document_id = ANY($2::text[])"
+            " ORDER BY ts_rank(words, q) DESC LIMIT $3"
+        )
+        rows = await self._read(lambda db: db.fetch(query, match, document_ids, most))
+        return [row[0] for row in rows]
+
+    async def passages(self, owner: str, ids: list[int]) -> list[Passage]:
+        """These passages, if `owner` owns their documents (in no particular order)."""
+        if not ids:
+            return []
+        query = (
+            "SELECT c.id, c.document_id, d.name, c.page, c.text, c.seq FROM chunks c"
+            " JOIN documents d ON d.id = c.document_id WHERE c.id = ANY($1::bigint[]) AND d.owner = $2"
+        )
+        rows = await self._read(lambda db: db.fetch(query, ids, owner))
+        return [Passage(row[0], row[1], row[2], row[3], row[4], row[5]) for row in rows]

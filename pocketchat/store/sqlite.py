@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pocketchat.records import ConversationRecord, Message
+from pocketchat.records import ConversationRecord, DocumentRecord, Message, Passage
 from pocketchat.store import TOMBSTONE_SECONDS, session_hash, token_hash
 from pocketchat.store.queued import QueuedStore, Row
 from pocketchat.store.writes import Database, Job
@@ -80,6 +80,44 @@ DELETE FROM secrets WHERE name = 'access_token';
     # conversation started as another deleted it must not store it again. Here for the same schema.
     """
 CREATE TABLE deleted_conversations (id TEXT PRIMARY KEY, deleted_at REAL NOT NULL);
+""",
+    # Documents: files attached to a conversation (deleted with it), their passages with a vector each
+    # (float32 bytes) and a full-text index of the passages (FTS5, kept in step by triggers; a cascade
+    # from a deleted conversation or document fires them too).
+    """
+CREATE TABLE documents (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    owner TEXT NOT NULL,
+    name TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    progress REAL NOT NULL DEFAULT 0,
+    chunks INTEGER NOT NULL DEFAULT 0,
+    embedder TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX documents_by_conversation ON documents(conversation_id, created_at);
+CREATE INDEX documents_by_owner ON documents(owner);
+CREATE TABLE chunks (
+    id INTEGER PRIMARY KEY,
+    document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+    conversation_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    page INTEGER,
+    text TEXT NOT NULL,
+    vector BLOB NOT NULL
+);
+CREATE INDEX chunks_by_document ON chunks(document_id, seq);
+CREATE VIRTUAL TABLE chunks_text USING fts5(text, content='chunks', content_rowid='id', tokenize='porter unicode61');
+CREATE TRIGGER chunks_text_insert AFTER INSERT ON chunks BEGIN
+    INSERT INTO chunks_text(rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TRIGGER chunks_text_delete AFTER DELETE ON chunks BEGIN
+    INSERT INTO chunks_text(chunks_text, rowid, text) VALUES ('delete', old.id, old.text);
+END;
 """,
 ]
 
@@ -352,3 +390,113 @@ class SqliteStore(QueuedStore[_WriteConnection]):
         where, args = ("id_hash = ?", (id_hash,)) if id_hash else ("1 = 1", ())
         query = f"UPDATE sessions SET revoked_at = ? WHERE revoked_at IS NULL AND {where}"
         return lambda db: db.execute(query, (time.time(), *args)).rowcount
+
+    # ---- documents -------------------------------------------------------------------------------
+
+    def add_document(self, document: DocumentRecord) -> asyncio.Future[Any]:
+        marks = ", ".join("?" * len(DocumentRecord.FIELDS))
+        query = f"INSERT INTO documents ({', '.join(DocumentRecord.FIELDS)}) VALUES ({marks})"
+        row = document.to_row()
+        return self._write(lambda db: db.execute(query, row), document.conversation_id, retry=False)
+
+    def document_progress(self, document: DocumentRecord) -> asyncio.Future[Any]:
+        """Write how far its indexing went (and that it goes on: `updated_at`)."""
+        query = "UPDATE documents SET progress = ?, updated_at = ? WHERE id = ? AND status = 'indexing'"
+        row = (document.progress, time.time(), document.id)
+        return self._write(lambda db: db.execute(query, row), document.conversation_id, retry=False)
+
+    def add_chunks(
+        self, document: DocumentRecord, rows: list[tuple[int, int | None, str, bytes]]
+    ) -> asyncio.Future[Any]:
+        """Store passages (seq, page, text, vector) of a document being indexed; retrieval ignores them
+        until `finish_document` marks it ready."""
+        query = "INSERT INTO chunks (document_id, conversation_id, seq, page, text, vector) VALUES (?, ?, ?, ?, ?, ?)"
+        values = [(document.id, document.conversation_id, *row) for row in rows]
+
+        def work(db: sqlite3.Connection) -> None:
+            db.executemany(query, values)
+            db.execute("UPDATE documents SET updated_at = ? WHERE id = ?", (time.time(), document.id))
+
+        return self._write(work, document.conversation_id, retry=False)
+
+    def finish_document(self, document: DocumentRecord) -> asyncio.Future[bool]:
+        """Mark it ready, or failed (its passages deleted), if it is still indexing; whether it was."""
+        query = "UPDATE documents SET status = ?, error = ?, progress = ?, chunks = ?, updated_at = ?"
+        query += " WHERE id = ? AND status = 'indexing'"
+        row = (document.status, document.error, document.progress, document.chunks, time.time(), document.id)
+
+        def work(db: sqlite3.Connection) -> bool:
+            if document.status == "failed":
+                db.execute("DELETE FROM chunks WHERE document_id = ?", (document.id,))
+            return db.execute(query, row).rowcount > 0
+
+        return self._write(work, document.conversation_id, retry=False)
+
+    def delete_document(self, conversation_id: str, document_id: str) -> asyncio.Future[bool]:
+        query = "DELETE FROM documents WHERE id = ? AND conversation_id = ?"
+        return self._write(
+            lambda db: db.execute(query, (document_id, conversation_id)).rowcount > 0, conversation_id, False
+        )
+
+    def sweep_documents(self, stale_before: float) -> asyncio.Future[list[DocumentRecord]]:
+        """Mark failed the documents still `indexing` whose indexing gave no sign of life since
+        `stale_before` (a process that died), deleting their passages; return them."""
+        error = "Indexing was cut short (the server stopped). Remove it and attach it again."
+
+        def work(db: sqlite3.Connection) -> list[DocumentRecord]:
+            where = "status = 'indexing' AND updated_at < ?"
+            found = [
+                DocumentRecord.from_row(r)
+                for r in db.execute(f"SELECT * FROM documents WHERE {where}", (stale_before,))
+            ]
+            for document in found:
+                db.execute("DELETE FROM chunks WHERE document_id = ?", (document.id,))
+                db.execute("UPDATE documents SET status = 'failed', error = ? WHERE id = ?", (error, document.id))
+                document.status, document.error = "failed", error
+            return found
+
+        return self._write(work, None, retry=False)
+
+    async def list_documents(self, conversation_id: str, owner: str) -> list[DocumentRecord]:
+        query = "SELECT * FROM documents WHERE conversation_id = ? AND owner = ? ORDER BY created_at, id"
+        rows = await self._read(lambda db: db.execute(query, (conversation_id, owner)).fetchall())
+        return [DocumentRecord.from_row(row) for row in rows]
+
+    async def document_usage(self, conversation_id: str, owner: str) -> tuple[int, int]:
+        """How many documents the conversation has, and how many bytes the owner's documents take."""
+        query = (
+            "SELECT count(*) FILTER (WHERE conversation_id = ?), coalesce(sum(size), 0) FROM documents WHERE owner = ?"
+        )
+        row = await self._read(lambda db: db.execute(query, (conversation_id, owner)).fetchone())
+        return int(row[0]), int(row[1])
+
+    async def document_vectors(self, document_id: str) -> tuple[list[int], list[bytes]]:
+        """The ids of a document's passages and their vectors, in order."""
+        query = "SELECT id, vector FROM chunks WHERE document_id = ? ORDER BY seq"
+        rows = await self._read(lambda db: db.execute(query, (document_id,)).fetchall())
+        return [row[0] for row in rows], [row[1] for row in rows]
+
+    async def search_passages(self, document_ids: list[str], terms: list[str], most: int) -> list[int]:
+        """The ids of the passages of these documents that hold any of `terms`, best first (BM25)."""
+        if not terms or not document_ids:
+            return []
+        match = " OR ".join('"' + term.replace('"', "") + '"' for term in terms)
+        marks = ",".join("?" * len(document_ids))
+        query = (
+            "SELECT c.id FROM chunks_text JOIN chunks c ON c.id = chunks_text.rowid"
+            f" WHERE chunks_text MATCH ? AND c.document_id IN ({marks}) ORDER BY chunks_text.rank LIMIT ?"
+        )
+        rows = await self._read(lambda db: db.execute(query, (match, *document_ids, most)).fetchall())
+        return [row[0] for row in rows]
+
+    async def passages(self, owner: str, ids: list[int]) -> list[Passage]:
+        """These passages, if `owner` owns their documents (in no particular order)."""
+        if not ids:
+            return []
+        marks = ",".join("?" * len(ids))
+        query = (
+            "SELECT c.id, c.document_id, d.name, c.page, c.text, c.seq FROM chunks c"
+            f" JOIN documents d ON d.id = c.document_id WHERE c.id IN ({marks}) AND d.owner = ?"
+        )
+        rows = await self._read(lambda db: db.execute(query, (*ids, owner)).fetchall())
+        return [Passage(row[0], row[1], row[2], row[3], row[4], row[5]) for row in rows]

@@ -5,11 +5,15 @@ sign-out, a delete) is not run for a request that carries a huge one.
 
 A declared Content-Length over the limit is refused before a byte of the body is read; a chunked
 body is counted as it arrives. A body within its limit is read whole here, then handed to the route:
-the limits are a few KiB. A route that takes uploads would get its own, larger limit and stream them
-to disk instead.
+the limits are a few KiB. The one route that takes uploads (a conversation's documents) has its own,
+larger limit, and its body is not read here: it streams through to the route, which spools it to a
+temporary file as it comes (python-multipart), and is refused with 413 as soon as it passes the limit.
 """
 
+import re
+
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -17,21 +21,28 @@ FORM_BYTES = 4 * 1024  # POST /login: one token field; and every route that read
 # PATCH of a conversation: a 20,000-character system prompt whose every character JSON escapes as
 # \uXXXX is 120,000 bytes, plus a title and a model.
 JSON_BYTES = 128 * 1024
+MULTIPART_BYTES = 64 * 1024  # an upload's multipart framing and headers, beyond the file itself
+UPLOAD_PATH = re.compile(r"/api/conversations/[^/]+/documents")
 
 
 def body_limit(method: str, path: str) -> int:
-    """The largest body a request to this route may carry, in bytes."""
+    """The largest body a request to this route may carry, in bytes (uploads aside)."""
     if method == "PATCH" and path.startswith("/api/conversations/"):
         return JSON_BYTES
     return FORM_BYTES
+
+
+def is_upload(method: str, path: str) -> bool:
+    return method == "POST" and UPLOAD_PATH.fullmatch(path) is not None
 
 
 class BodyLimit:
     """ASGI middleware: reads a request's body, up to its route's limit, before anything else does;
     refuses it with 413 once it passes the limit."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, upload_bytes: int = 20_000_000) -> None:
         self.app = app
+        self.upload_limit = upload_bytes + MULTIPART_BYTES  # the largest file, and its framing
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope) if scope["type"] == "http" else Headers()
@@ -39,9 +50,13 @@ class BodyLimit:
         if declared is None and "transfer-encoding" not in headers:
             await self.app(scope, receive, send)  # no body: a GET, a WebSocket, the lifespan
             return
-        limit = body_limit(scope["method"], scope["path"])
+        upload = is_upload(scope["method"], scope["path"])
+        limit = self.upload_limit if upload else body_limit(scope["method"], scope["path"])
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await too_large(limit)(scope, receive, send)
+            return
+        if upload:
+            await self.app(scope, _counted(receive, limit), send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -71,6 +86,23 @@ def _replay(body: bytes, receive: Receive) -> Receive:
         return {"type": "http.request", "body": body, "more_body": False}
 
     return replayed
+
+
+def _counted(receive: Receive, limit: int) -> Receive:
+    """A `receive` that passes the body through, and raises 413 (which the route answers, having stored
+    nothing) once more than `limit` bytes came."""
+    size = 0
+
+    async def counted() -> Message:
+        nonlocal size
+        message = await receive()
+        if message["type"] == "http.request":
+            size += len(message.get("body", b""))
+            if size > limit:
+                raise HTTPException(413, f"The request body is over this route's limit of {limit} bytes.")
+        return message
+
+    return counted
 
 
 def too_large(limit: int) -> ASGIApp:

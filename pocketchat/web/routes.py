@@ -156,7 +156,9 @@ async def delete_conversation(request: Request, conversation_id: str) -> None:
             # With replicas, another replica may have stored it since this copy was loaded (a first
             # turn that started there as this delete began): deleted in the database all the same.
             if conversation.stored or state.settings.clustered:
+                # Its documents, their passages and vectors go with it (the tables cascade).
                 await state.store.delete_conversation(conversation.id)
+            state.documents.forget_conversation(conversation.id)
         except BaseException:
             conversation.deleting = False  # still there: it can be used, or deleted again
             raise
@@ -169,8 +171,10 @@ async def delete_conversation(request: Request, conversation_id: str) -> None:
 
 @router.get("/api/conversations/{conversation_id}/export.md", response_class=PlainTextResponse)
 async def export_conversation(request: Request, conversation_id: str) -> PlainTextResponse:
+    state = chat_state(request.app)
     async with borrowed(request, conversation_id) as conversation:
-        markdown = conversation_markdown(conversation.record, conversation.history)
+        documents = await state.store.list_documents(conversation.id, user_of(request)) if conversation.stored else []
+        markdown = conversation_markdown(conversation.record, conversation.history, documents)
     filename = f"pocketchat-{conversation.id[:8]}.md"
     return PlainTextResponse(
         markdown,

@@ -1,0 +1,239 @@
+"""Documents attached to conversations, around the indexing flow (flow.py): an upload is checked and
+read, stored as `indexing`, then indexed in the background by the flow; every change of its state is
+told to the conversation's sockets (on every replica). What retrieval needs (the embedding model, the
+cache of vectors) lives here too, once per process.
+"""
+
+import asyncio
+import contextlib
+import logging
+import re
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import PurePosixPath
+from typing import Any, BinaryIO
+
+from flow import create_indexing_flow
+from pocketchat import protocol
+from pocketchat.metrics import Metrics
+from pocketchat.records import DocumentRecord
+from pocketchat.settings import Settings
+from pocketchat.store import Store
+from utils.embeddings import Embedder, EmbeddingProvider, LocalEmbedder, RemoteEmbedder
+from utils.read_document import Page, UnreadableDocument, kind_of, read_document
+from utils.retrieval import VectorCache
+
+logger = logging.getLogger("pocketchat")
+# With replicas: an indexing that gave no sign of life this long lost its replica (it writes its progress
+# every REPORT_SECONDS; only a remote embedding provider's answer may take longer: up to --idle-limit).
+STALE_SECONDS = 20.0
+SWEEP_SECONDS = 5.0  # how often a replica looks for them
+REPORT_SECONDS = 0.5  # progress is told (and written) at most this often
+NAME_CHARACTERS = 200
+CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class DocumentRefused(Exception):
+    """An upload that is not taken: `status` is its HTTP status, `message` says why, for the user."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def make_embedder(settings: Settings, provider: Any) -> Embedder:
+    """The local model, or the provider's /v1/embeddings when --embedding-model names a model."""
+    if settings.embedding_model is None:
+        return LocalEmbedder()
+    remote = getattr(provider, "remote", provider)  # the remote half of a provider with the embedded model
+    if not hasattr(remote, "embeddings"):
+        raise ValueError("--embedding-model needs an OpenAI-compatible provider (--base-url or an API key)")
+    embedding_provider: EmbeddingProvider = remote
+    return RemoteEmbedder(embedding_provider, settings.embedding_model)
+
+
+def file_name(raw: str | None) -> str:
+    """The name an upload is shown by: its last path part, no control characters, 200 characters at most."""
+    name = PurePosixPath((raw or "").replace("\\", "/")).name
+    name = CONTROL.sub("", name.encode("utf-8", "replace").decode()).strip()
+    return name[:NAME_CHARACTERS] or "document.txt"
+
+
+class Library:
+    """The documents of every conversation this process serves."""
+
+    def __init__(self, settings: Settings, store: Store, provider: Any, metrics: Metrics) -> None:
+        self.settings = settings
+        self.store = store
+        self.metrics = metrics
+        self.embedder = make_embedder(settings, provider)
+        self.vectors = VectorCache(store)
+        # Told each document frame: the app sends it to the conversation's sockets, here and elsewhere.
+        self.tell: Callable[[str, dict[str, Any]], None] = lambda conversation_id, frame: None
+        self._indexing: dict[str, tuple[str, asyncio.Task[None]]] = {}  # by document id: (conversation, task)
+        self._uploads = asyncio.Lock()  # a user's limits are checked and taken one upload at a time
+        # PDFs are read one at a time, off the event loop: pure Python, they would hold the loop.
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="read-documents")
+        self._sweeping: asyncio.Task[None] | None = None
+        metrics.embedding_model_loaded.set_function(lambda: float(getattr(self.embedder, "loaded", True)))
+
+    async def start(self) -> None:
+        """Documents a stopped process left `indexing` are marked failed: one process alone, all of them
+        at start; with replicas, those whose indexing stopped giving signs of life (another replica may be
+        at it), at start and every SWEEP_SECONDS."""
+        if not self.settings.clustered:
+            await self._sweep(time.time())
+            return
+        await self._sweep(time.time() - self._stale_seconds)
+        self._sweeping = asyncio.create_task(self._sweep_now_and_then())
+
+    @property
+    def _stale_seconds(self) -> float:
+        return max(STALE_SECONDS, 2 * self.settings.idle_limit)
+
+    async def _sweep_now_and_then(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            try:
+                await self._sweep(time.time() - self._stale_seconds)
+            except Exception as error:  # the database is down: the next round tries again
+                logger.warning("could not look for documents left indexing: %s", error)
+
+    async def _sweep(self, stale_before: float) -> None:
+        for document in await self.store.sweep_documents(stale_before):
+            self.metrics.documents_failed.inc()
+            self._told(document)
+            logger.warning("document %s… was left indexing by a stopped process: marked failed", document.id[:6])
+
+    async def add(
+        self, conversation_id: str, owner: str, raw_name: str | None, file: BinaryIO, size: int
+    ) -> DocumentRecord:
+        """Check an upload, read its text, store it as `indexing` and index it in the background; or
+        raise DocumentRefused, having stored nothing."""
+        name = file_name(raw_name)
+        settings = self.settings
+        try:
+            kind_of(name)
+        except UnreadableDocument as error:
+            raise DocumentRefused(415, str(error)) from None
+        if size > settings.limit_document_bytes:
+            raise DocumentRefused(
+                413, f"“{name}” is over the limit of {_megabytes(settings.limit_document_bytes)} a file."
+            )
+        if size == 0:
+            raise DocumentRefused(422, f"“{name}” is empty.")
+        try:
+            pages = await asyncio.get_running_loop().run_in_executor(self._reader, read_document, file, name)
+        except UnreadableDocument as error:
+            raise DocumentRefused(422, f"“{name}”: {error}") from None
+        async with self._uploads:
+            count, used = await self.store.document_usage(conversation_id, owner)
+            if settings.limit_documents_per_conversation and count >= settings.limit_documents_per_conversation:
+                limit = settings.limit_documents_per_conversation
+                raise DocumentRefused(409, f"This conversation has {count} documents, the most it may have ({limit}).")
+            if settings.limit_document_bytes_per_user and used + size > settings.limit_document_bytes_per_user:
+                limit = _megabytes(settings.limit_document_bytes_per_user)
+                raise DocumentRefused(
+                    409,
+                    f"Your documents would take more than your {limit}; remove some first ({_megabytes(used)} now).",
+                )
+            document = DocumentRecord(conversation_id, owner, name, size, embedder=self.embedder.name)
+            await self.store.add_document(document)
+        self._told(document)
+        self._indexing[document.id] = (conversation_id, asyncio.create_task(self._index(document, pages)))
+        return document
+
+    async def _index(self, document: DocumentRecord, pages: list[Page]) -> None:
+        """Run the indexing flow; whatever stops it, the document ends ready or failed, never half."""
+        started = time.monotonic()
+        shared = self.new_shared(document, pages)
+        try:
+            await create_indexing_flow(self.settings).run_async(shared)
+        except asyncio.CancelledError:
+            raise  # removed, or the process stops: the start of the next one marks it failed
+        except Exception as error:
+            # The message is for the user (a provider's, or the database's); the traceback for the log.
+            logger.exception("document %s… failed to index", document.id[:6])
+            document.status, document.error = "failed", f"Indexing failed: {error}"
+            with contextlib.suppress(Exception):
+                await self.store.finish_document(document)
+        finally:
+            self._indexing.pop(document.id, None)
+        if document.status == "ready":
+            self.metrics.documents_indexed.inc()
+            self.metrics.document_chunks.inc(document.chunks)
+        else:
+            self.metrics.documents_failed.inc()
+        self._told(document)
+        logger.info(
+            "document %s… conversation %s… status=%s chunks=%d duration_ms=%d",
+            document.id[:6],
+            document.conversation_id[:6],
+            document.status,
+            document.chunks,
+            (time.monotonic() - started) * 1000,
+        )
+
+    def new_shared(self, document: DocumentRecord, pages: list[Page]) -> dict[str, Any]:
+        """The shared store the indexing flow runs on."""
+        return {
+            "settings": self.settings,  # Settings
+            "store": self.store,  # Store: where StoreChunks writes
+            "embedder": self.embedder,  # Embedder: the local model, or the provider's
+            "document": document,  # DocumentRecord: its state, which the nodes move on
+            "pages": pages,  # list[Page]: its text, read at upload
+            "report": self._progress(document),  # Callable[[float], None]: how far it went, from 0 to 1
+            "chunks": [],  # list[Chunk]: ChunkDocument's passages
+            "vectors": None,  # np.ndarray: EmbedChunks' vectors, one row per passage
+        }
+
+    def _progress(self, document: DocumentRecord) -> Callable[[float], None]:
+        """A level, not an event: told again (a retried batch), it says the same. Told to the sockets and
+        written (as the indexing's sign of life) at most every REPORT_SECONDS."""
+        last = 0.0
+
+        def report(progress: float) -> None:
+            nonlocal last
+            document.progress = max(0.0, min(progress, 0.99))  # 1 is for ready
+            now = time.monotonic()
+            if now - last >= REPORT_SECONDS:
+                last = now
+                self.store.document_progress(document)
+                self._told(document)
+
+        return report
+
+    def _told(self, document: DocumentRecord) -> None:
+        self.tell(document.conversation_id, protocol.document(document.conversation_id, document.to_wire()))
+
+    async def remove(self, conversation_id: str, document_id: str) -> bool:
+        """Delete a document of the conversation (its indexing stopped, its passages gone); whether it was there."""
+        if (indexing := self._indexing.pop(document_id, None)) is not None:
+            indexing[1].cancel()
+        removed = await self.store.delete_document(conversation_id, document_id)
+        if removed:
+            self.tell(conversation_id, protocol.document(conversation_id, {"id": document_id, "status": "removed"}))
+        return removed
+
+    def forget_conversation(self, conversation_id: str) -> None:
+        """Stop indexing the documents of a deleted conversation (the database deleted them with it)."""
+        for document_id, (of, task) in list(self._indexing.items()):
+            if of == conversation_id:
+                del self._indexing[document_id]
+                task.cancel()
+
+    async def aclose(self) -> None:
+        tasks = [task for _, task in self._indexing.values()]
+        if self._sweeping is not None:
+            tasks.append(self._sweeping)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._reader.shutdown(wait=False, cancel_futures=True)
+        self.embedder.close()
+
+
+def _megabytes(size: int) -> str:
+    return f"{size / 1_000_000:g} MB"

@@ -1,0 +1,143 @@
+// The conversation's documents: attach (button, drag-and-drop, paste), see each one's state (a progress
+// bar while it is indexed, ready, failed with why), remove. The server tells every tab of a change with
+// a `document` frame (docs/protocol.md); the list is read again on each `ready`.
+import { element } from "./dom.js";
+
+export class Documents {
+  /**
+   * @param {HTMLElement} list       where the documents are shown
+   * @param {HTMLInputElement} picker the hidden file input the attach button opens
+   * @param {(text: string) => void} onError  a refused upload or removal, said as a message
+   * @param {() => void} onSignedOut  the server answered 401
+   */
+  constructor(list, picker, onError, onSignedOut) {
+    this.list = list;
+    this.picker = picker;
+    this.onError = onError;
+    this.onSignedOut = onSignedOut;
+    this.conversationId = null;
+    this.items = new Map(); // document id -> its state, as the server last said it
+    picker.addEventListener("change", () => {
+      this.attach([...picker.files]);
+      picker.value = "";
+    });
+    list.addEventListener("click", (event) => {
+      const button = event.target.closest("button.remove-document");
+      if (button) this.remove(button.closest("li").dataset.id);
+    });
+  }
+
+  /** Show the documents of the conversation a `ready` opened. */
+  async open(conversationId) {
+    this.conversationId = conversationId;
+    this.items.clear();
+    this.draw();
+    const response = await this.request("GET", "").catch(() => null);
+    if (!response?.ok || this.conversationId !== conversationId) return;
+    const { documents } = await response.json();
+    for (const document of documents) this.items.set(document.id, document);
+    this.draw();
+  }
+
+  /** A `document` frame: one document's new state, or its removal. */
+  update(frame) {
+    if (frame.conversation_id !== this.conversationId) return;
+    const state = frame.document;
+    if (state.status === "removed") this.items.delete(state.id);
+    else this.items.set(state.id, { ...this.items.get(state.id), ...state });
+    this.draw();
+  }
+
+  /** Upload files one after the other; each refusal is said as a message, the others go on. */
+  async attach(files) {
+    for (const file of files) {
+      if (!this.conversationId) return;
+      const body = new FormData();
+      body.append("file", file, file.name);
+      const response = await this.request("POST", "", body).catch((error) => ({ ok: false, error }));
+      if (response.ok) {
+        const document = await response.json();
+        this.items.set(document.id, { ...document, ...this.items.get(document.id) });
+        this.draw();
+      } else {
+        this.onError(await reason(response, `“${file.name}” could not be attached`, file.name));
+      }
+    }
+  }
+
+  async remove(id) {
+    const response = await this.request("DELETE", `/${encodeURIComponent(id)}`).catch((error) => ({ ok: false, error }));
+    if (!response.ok && response.status !== 404) this.onError(await reason(response, "The document could not be removed"));
+  }
+
+  request(method, path, body) {
+    const url = `/api/conversations/${encodeURIComponent(this.conversationId)}/documents${path}`;
+    return fetch(url, { method, body }).then((response) => {
+      if (response.status === 401) this.onSignedOut();
+      return response;
+    });
+  }
+
+  draw() {
+    const items = [...this.items.values()]; // oldest first, as the server lists them
+    this.list.replaceChildren(...items.map(drawn));
+    this.list.hidden = items.length === 0;
+  }
+}
+
+function drawn(document) {
+  const item = element("li", `document ${document.status}`);
+  item.dataset.id = document.id;
+  item.dataset.status = document.status;
+  const name = element("span", "document-name", document.name ?? "");
+  name.title = `${document.name} · ${(document.size / 1000).toFixed(1)} kB`;
+  const state = element("span", "document-state");
+  if (document.status === "indexing") {
+    const bar = element("progress");
+    bar.max = 1;
+    bar.value = document.progress ?? 0;
+    bar.setAttribute("aria-label", `Indexing ${document.name}`);
+    state.append(bar);
+  } else if (document.status === "failed") {
+    state.textContent = `failed: ${document.error ?? "unknown reason"}`;
+  } else {
+    state.textContent = `ready · ${document.chunks} passages`;
+  }
+  const remove = element("button", "remove-document icon", "✕");
+  remove.type = "button";
+  remove.setAttribute("aria-label", `Remove “${document.name}”`);
+  item.append(name, state, remove);
+  return item;
+}
+
+/** Why a request failed, for the user: the server's own words (which name the file, when they do). */
+async function reason(response, fallback, name) {
+  if (response.error) return `${fallback}: ${response.error.message}`;
+  const body = await response.json().catch(() => null);
+  const detail = typeof body?.detail === "string" ? body.detail : `HTTP ${response.status}`;
+  return name && detail.includes(name) ? detail : `${fallback}: ${detail}`;
+}
+
+/** Files dropped on `area` or pasted into `input` go to `attach`. */
+export function acceptFiles(area, input, attach) {
+  area.addEventListener("dragover", (event) => {
+    if (!event.dataTransfer?.types.includes("Files")) return;
+    event.preventDefault(); // allows the drop
+    area.classList.add("dropping");
+  });
+  area.addEventListener("dragleave", (event) => {
+    if (!area.contains(event.relatedTarget)) area.classList.remove("dropping");
+  });
+  area.addEventListener("drop", (event) => {
+    area.classList.remove("dropping");
+    if (!event.dataTransfer?.files.length) return;
+    event.preventDefault();
+    attach([...event.dataTransfer.files]);
+  });
+  input.addEventListener("paste", (event) => {
+    const files = [...(event.clipboardData?.files ?? [])];
+    if (files.length === 0) return; // text is pasted as usual
+    event.preventDefault();
+    attach(files);
+  });
+}

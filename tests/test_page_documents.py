@@ -1,0 +1,104 @@
+"""Documents in the page, in real Chromium against the app and the fake provider: attach (button, drop,
+paste), watch them index, ask, see the sources; refused files said as messages; remove."""
+
+import base64
+from collections.abc import Iterator
+
+import pytest
+from playwright.sync_api import Browser, Page, expect
+
+from tests.conftest import AppProcess
+from tests.fake_openai import FakeOpenAI, Reply
+from tests.pdfs import scanned_pdf, text_pdf
+from tests.test_documents import NOTES, REPORT_PAGES
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture
+def page(browser: Browser, start_app) -> Iterator[Page]:
+    app: AppProcess = start_app("--context-budget", "1200", "--limit-document-bytes", "200000")
+    context = browser.new_context(base_url=app.url)
+    errors: list[str] = []
+    page = context.new_page()
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.goto("/")
+    expect(page.locator("#send")).to_be_enabled()
+    yield page
+    context.close()
+    assert errors == []
+
+
+def drop(page: Page, name: str, data: bytes, mime: str) -> None:
+    """Drop a file on the page, as a file dragged from the desktop is."""
+    page.evaluate(
+        """([name, data, mime]) => {
+            const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+            const transfer = new DataTransfer();
+            transfer.items.add(new File([bytes], name, { type: mime }));
+            const main = document.querySelector(".main");
+            main.dispatchEvent(new DragEvent("dragover", { dataTransfer: transfer, bubbles: true, cancelable: true }));
+            main.dispatchEvent(new DragEvent("drop", { dataTransfer: transfer, bubbles: true, cancelable: true }));
+        }""",
+        [name, base64.b64encode(data).decode(), mime],
+    )
+
+
+def paste(page: Page, name: str, data: bytes, mime: str) -> None:
+    """Paste a file into the message box, as a copied file is."""
+    page.evaluate(
+        """([name, data, mime]) => {
+            const bytes = Uint8Array.from(atob(data), (c) => c.charCodeAt(0));
+            const transfer = new DataTransfer();
+            transfer.items.add(new File([bytes], name, { type: mime }));
+            const input = document.getElementById("input");
+            const event = new ClipboardEvent("paste", { clipboardData: transfer, bubbles: true, cancelable: true });
+            input.dispatchEvent(event);
+        }""",
+        [name, base64.b64encode(data).decode(), mime],
+    )
+
+
+def test_a_pdf_and_a_markdown_file_attached_in_the_page_answer_with_their_sources(page: Page, fake: FakeOpenAI):
+    page.locator("#file-picker").set_input_files(
+        [{"name": "report.pdf", "mimeType": "application/pdf", "buffer": text_pdf(REPORT_PAGES)}]
+    )
+    drop(page, "garden.md", NOTES.encode(), "text/markdown")
+    items = page.locator("#documents .document")
+    expect(items).to_have_count(2)
+    expect(items.nth(0).locator(".document-name")).to_have_text("report.pdf")
+    expect(page.locator("#documents .document[data-status=ready]")).to_have_count(2, timeout=60_000)
+    expect(items.nth(1)).to_contain_text("ready")
+
+    fake.queue(Reply(tokens=["The oven is in Lyon [1]."]))
+    page.locator("#input").fill("Where was the sourdough oven installed?")
+    page.locator("#input").press("Enter")
+    expect(page.locator(".message.assistant[data-status=complete]")).to_have_count(1, timeout=20_000)
+    # The passage reached the model; the sources under the reply name the file and the page.
+    assert "The new sourdough oven was installed in Lyon" in fake.chat_requests[-1]["json"]["messages"][0]["content"]
+    source = page.locator(".sources .source").first
+    expect(source.locator("summary")).to_have_text("[1] report.pdf, p. 2")
+    source.locator("summary").click()
+    expect(source.locator(".passage")).to_contain_text("installed in Lyon on the fourth of March")
+    page.reload()  # kept with the reply, and the documents with the conversation
+    expect(page.locator(".sources .source").first.locator("summary")).to_have_text("[1] report.pdf, p. 2")
+    expect(page.locator("#documents .document[data-status=ready]")).to_have_count(2)
+
+
+def test_refused_files_are_said_as_messages_and_a_document_can_be_removed(page: Page, fake: FakeOpenAI):
+    page.locator("#file-picker").set_input_files(
+        [{"name": "big.txt", "mimeType": "text/plain", "buffer": b"word " * 50_000}]
+    )
+    expect(page.locator(".notice-only")).to_contain_text("“big.txt” is over the limit of 0.2 MB a file")
+    page.locator("#file-picker").set_input_files(
+        [{"name": "huge.txt", "mimeType": "text/plain", "buffer": b"word " * 200_000}]  # refused as it comes
+    )
+    expect(page.locator(".notice-only").nth(1)).to_contain_text("“huge.txt” could not be attached: The request body")
+    paste(page, "scan.pdf", scanned_pdf(), "application/pdf")
+    expect(page.locator(".notice-only").nth(2)).to_contain_text("“scan.pdf”: No text found; scanned PDFs are not read")
+    paste(page, "notes.md", b"A note about herons.", "text/markdown")
+    item = page.locator("#documents .document")
+    expect(item).to_have_count(1)
+    expect(item).to_have_attribute("data-status", "ready", timeout=60_000)
+    item.get_by_role("button", name="Remove “notes.md”").click()
+    expect(page.locator("#documents")).to_be_hidden()

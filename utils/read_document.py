@@ -1,0 +1,160 @@
+"""The text of an uploaded file: plain text, Markdown, source code, HTML (its text only) and PDF (its
+text layer, page by page). Runs off the event loop: a PDF may take seconds."""
+
+import re
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import PurePosixPath
+from typing import BinaryIO
+
+HTML_SUFFIXES = frozenset({".html", ".htm", ".xhtml"})
+PDF_SUFFIX = ".pdf"
+# Text, Markdown and source code: read as UTF-8 (or UTF-16 with a byte order mark) text.
+_TEXT_SUFFIXES = (
+    ".txt .text .md .markdown .rst .adoc .org .csv .tsv .json .jsonl .yaml .yml .toml .ini .cfg .conf .log .tex "
+    ".py .pyi .js .mjs .cjs .ts .tsx .jsx .java .kt .kts .scala .groovy .c .h .cc .cpp .cxx .hpp .hh .cs .go .rs "
+    ".rb .php .swift .m .mm .r .jl .lua .pl .pm .sh .bash .zsh .fish .ps1 .bat .sql .css .scss .less .xml .svg "
+    ".vue .svelte .dart .ex .exs .erl .hrl .hs .ml .mli .clj .cljs .el .lisp .scm .zig .nim .v .sv .vhd .proto "
+    ".graphql .gradle .cmake .mk .dockerfile .env.example .ipynb"
+)
+TEXT_SUFFIXES = frozenset(_TEXT_SUFFIXES.split())
+SUFFIXES = TEXT_SUFFIXES | HTML_SUFFIXES | {PDF_SUFFIX}
+PLAIN_NAMES = frozenset({"makefile", "dockerfile", "readme", "license", "changelog"})
+MAX_PDF_PAGES = 2000  # a longer PDF is refused: reading one takes minutes
+SCANNED = "No text found; scanned PDFs are not read (PocketChat reads a PDF's text layer, and does no OCR)."
+
+
+@dataclass(frozen=True)
+class Page:
+    """The text of one page of a PDF (`number` from 1), or of a whole file that has no pages (None)."""
+
+    number: int | None
+    text: str
+
+
+class UnreadableDocument(ValueError):
+    """A file that is no document PocketChat can read; the message says why, for the user."""
+
+
+def kind_of(name: str) -> str:
+    """ "text", "html" or "pdf" by the file's name; UnreadableDocument for any other."""
+    path = PurePosixPath(name.lower())
+    if path.suffix in HTML_SUFFIXES:
+        return "html"
+    if path.suffix == PDF_SUFFIX:
+        return "pdf"
+    if path.suffix in TEXT_SUFFIXES or (not path.suffix and path.name in PLAIN_NAMES):
+        return "text"
+    raise UnreadableDocument(
+        f"“{name}” is not a kind of file PocketChat reads: it reads text, Markdown, source code, HTML and PDF."
+    )
+
+
+def read_document(file: BinaryIO, name: str) -> list[Page]:
+    """The pages of text of `file`, named `name`; UnreadableDocument says why it cannot be read."""
+    kind = kind_of(name)
+    if kind == "pdf":
+        pages = _read_pdf(file)
+    else:
+        text = _decode(file.read())
+        pages = [Page(None, html_text(text) if kind == "html" else text)]
+    pages = [Page(page.number, _tidy(page.text)) for page in pages]
+    pages = [page for page in pages if page.text]
+    if not pages:
+        raise UnreadableDocument(SCANNED if kind == "pdf" else "The file has no text.")
+    return pages
+
+
+def _decode(data: bytes) -> str:
+    """Text from bytes: UTF-8 (or UTF-16 with its byte order mark); Windows-1252 for older text files.
+    Bytes that are none of these, or hold NULs, are a binary file, whatever its name says."""
+    if not data:
+        raise UnreadableDocument("The file is empty.")
+    if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        try:
+            return data.decode("utf-16")
+        except UnicodeDecodeError:
+            pass
+    elif b"\x00" not in data:
+        try:
+            return data.decode("utf-8-sig")
+        except UnicodeDecodeError:
+            # Windows-1252 text has few control characters; a binary file has many.
+            text = data.decode("cp1252", errors="replace")
+            controls = sum(1 for char in text if ord(char) < 32 and char not in "\t\n\r\f")
+            if controls <= len(text) // 1000 and text.count("\ufffd") <= len(text) // 1000:
+                return text
+    raise UnreadableDocument("The file is not text (it holds binary data), though its name says it is.")
+
+
+def _read_pdf(file: BinaryIO) -> list[Page]:
+    # Imported here: a process that never reads a PDF never loads pypdf.
+    from pypdf import PdfReader
+    from pypdf.errors import FileNotDecryptedError, PdfReadError
+
+    try:
+        reader = PdfReader(file)
+        if reader.is_encrypted and not reader.decrypt(""):  # an empty user password opens some
+            raise FileNotDecryptedError("a password is needed")
+        if len(reader.pages) > MAX_PDF_PAGES:
+            pages = len(reader.pages)
+            raise UnreadableDocument(f"The PDF has {pages} pages; PocketChat reads {MAX_PDF_PAGES} at most.")
+        return [Page(number, page.extract_text() or "") for number, page in enumerate(reader.pages, start=1)]
+    except FileNotDecryptedError:
+        raise UnreadableDocument("The PDF is encrypted (it needs a password); PocketChat cannot read it.") from None
+    except UnreadableDocument:
+        raise
+    except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as error:
+        # pypdf's own errors (PdfStreamError, a broken cross-reference table), and what a malformed
+        # object makes it trip on; the detail helps whoever made the file.
+        detail = " ".join(str(error).split())[:200]
+        raise UnreadableDocument(f"The PDF is damaged and cannot be read ({detail or type(error).__name__}).") from None
+
+
+def _tidy(text: str) -> str:
+    """Spaces and blank lines collapsed; NULs dropped (PostgreSQL text cannot hold them)."""
+    text = text.replace("\x00", "").replace("\r\n", "\n").replace("\r", "\n")
+    text = re.sub(r"[ \t\f\v]+\n", "\n", text)
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+# ---- HTML ---------------------------------------------------------------------------------------
+
+SKIPPED = frozenset({"script", "style", "noscript", "template", "head", "svg", "iframe", "object", "canvas"})
+_BLOCKS = (
+    "p div br li ul ol dl dt dd h1 h2 h3 h4 h5 h6 tr table section article header footer nav aside main pre "
+    "blockquote figure figcaption hr title form fieldset details summary"
+)
+BLOCKS = frozenset(_BLOCKS.split())
+
+
+class _TextOfHtml(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.skipping = 0  # depth inside elements whose text is no content (script, style...)
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag in SKIPPED:
+            self.skipping += 1
+        elif tag in BLOCKS:
+            self.parts.append("\n\n" if tag in ("p", "div", "section", "article", "table") else "\n")
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in SKIPPED:
+            self.skipping = max(0, self.skipping - 1)
+        elif tag in BLOCKS:
+            self.parts.append("\n")
+
+    def handle_data(self, data: str) -> None:
+        if not self.skipping:
+            self.parts.append(data)
+
+
+def html_text(markup: str) -> str:
+    """The text a reader sees in an HTML page: no script, style or markup; blocks on lines of their own."""
+    parser = _TextOfHtml()
+    parser.feed(markup)
+    parser.close()
+    text = re.sub(r"[ \t\r\f\v]+", " ", "".join(parser.parts))
+    return re.sub(r" *\n *", "\n", text)
