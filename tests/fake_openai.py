@@ -2,8 +2,8 @@
 
 It answers `GET /v1/models` and `POST /v1/chat/completions` (streaming), keeps connections alive as
 real servers do, and records every request and every client that hung up mid-stream. What the next
-replies do is scripted with `Reply`: token count and pace, usage, reasoning, an HTTP error, a cut
-connection, a stall.
+replies do is scripted with `Reply`: token count and pace, usage, reasoning, tool calls, an HTTP error,
+a cut connection, a stall.
 
 Run it alone for the benchmark: `python -m tests.fake_openai --port 9000 --tokens 100 --pace-ms 20`.
 """
@@ -22,6 +22,20 @@ MODELS = ["fake-model", "fake-model-large"]
 
 
 @dataclass
+class Call:
+    """A tool call a reply makes, streamed as OpenAI streams one: its id and name first, then its
+    arguments in pieces of `piece` characters, each piece naming its call by index."""
+
+    name: str
+    arguments: dict[str, Any] | str = field(default_factory=dict)  # a str is sent as it is (even invalid JSON)
+    id: str | None = None  # default: call_<n>_<index>, unique in the fake's life
+    piece: int = 7
+
+    def text(self) -> str:
+        return self.arguments if isinstance(self.arguments, str) else json.dumps(self.arguments)
+
+
+@dataclass
 class Reply:
     """What one chat completion does."""
 
@@ -37,8 +51,13 @@ class Reply:
     stall_after: int | None = None  # go silent (connection open) after this many content chunks
     finish: bool = True  # send a finish_reason
     raw: list[str] | None = None  # send these data lines as they are, then [DONE]
+    # Tool calls, after the content (which is none unless `tokens` says); finish_reason "tool_calls". A
+    # request whose tool_choice is "none" gets `tokens` (or the default words) instead, as OpenAI's would.
+    calls: list[Call] = field(default_factory=list)
 
     def pieces(self) -> list[str]:
+        if self.tokens is None and self.calls:
+            return []
         return self.tokens if self.tokens is not None else [f"tok{i} " for i in range(1, self.count + 1)]
 
 
@@ -60,6 +79,7 @@ class FakeOpenAI:
         self.completed = 0
         self.models_answer = True  # False: accept `GET /models` and never answer, as a hung provider does
         self.port = 0
+        self._calls_made = 0
         self._server: asyncio.Server | None = None
 
     def queue(self, *replies: Reply) -> None:
@@ -119,6 +139,8 @@ class FakeOpenAI:
             self._json(writer, 200, {"object": "list", "data": data, "model": request["json"]["model"]})
         elif method == "POST" and path.endswith("/chat/completions"):
             reply = self.script.popleft() if self.script else self.default
+            if reply.calls and request["json"].get("tool_choice") == "none":
+                reply = Reply(tokens=reply.tokens, count=reply.count, pace=reply.pace)  # it may not call tools
             if reply.status is not None:
                 error = {"error": {"message": reply.message, "type": "fake_error", "code": reply.status}}
                 self._json(writer, reply.status, error)
@@ -188,8 +210,24 @@ class FakeOpenAI:
                 writer.write(delta({"content": piece}))
                 if not await wait(reply.pace):
                     return self._hung_up()
+            for index, call in enumerate(reply.calls):
+                self._calls_made += 1
+                call_id = call.id or f"call_{self._calls_made}_{index}"
+                head = {
+                    "index": index,
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": ""},
+                }
+                writer.write(delta({"tool_calls": [head]}))
+                text = call.text()
+                for start in range(0, len(text), call.piece):
+                    piece = {"index": index, "function": {"arguments": text[start : start + call.piece]}}
+                    writer.write(delta({"tool_calls": [piece]}))
+                    if not await wait(reply.pace):
+                        return self._hung_up()
             if reply.finish:
-                writer.write(delta({}, "stop"))
+                writer.write(delta({}, "tool_calls" if reply.calls else "stop"))
             if reply.usage and (body.get("stream_options") or {}).get("include_usage"):
                 prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
                 usage = {

@@ -1,10 +1,11 @@
 """Stream one reply from a chat provider, handing each piece of text to a callback as it arrives."""
 
 import asyncio
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pocketchat.errors import ProviderError
@@ -12,6 +13,24 @@ from pocketchat.errors import ProviderError
 # One chunk of an OpenAI chat completion stream, as JSON: {"choices": [{"delta": {...},
 # "finish_reason": ...}], "usage": {...} | None, ...}.
 Chunk = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolOffer:
+    """The tools a request offers the model, as OpenAI declares them (`{"type": "function", "function":
+    {name, description, parameters}}`); `choice` "none" makes it answer without calling any."""
+
+    tools: list[dict[str, Any]]
+    choice: str = "auto"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the model asked for: `arguments` is the JSON text it wrote, not parsed (it may be invalid)."""
+
+    id: str
+    name: str
+    arguments: str
 
 
 class ChatProvider(Protocol):
@@ -25,7 +44,11 @@ class ChatProvider(Protocol):
         model: str,
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
+        tools: ToolOffer | None = None,
     ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]: ...
+
+    def supports_tools(self, model: str) -> bool:
+        """Whether `model` can be offered tools (OpenAI tool calls); the embedded model cannot."""
 
     def usage_source(self, model: str) -> str:
         """Where the usage at the end of `model`'s streams comes from: "provider" (sent by it) or
@@ -44,10 +67,12 @@ class ChatProvider(Protocol):
 
 
 USAGE_KEYS = ("prompt_tokens", "completion_tokens", "total_tokens")
+Choice = tuple[str, str | None, str | None, list[dict[str, Any]] | None]  # content, reasoning, finish, tool calls
 
 
-def _read(chunk: Chunk) -> tuple[list[tuple[str, str | None, str | None]], dict[str, int] | None]:
-    """The (content, reasoning, finish_reason) of each choice of a chunk, and its usage if it has one."""
+def _read(chunk: Chunk) -> tuple[list[Choice], dict[str, int] | None]:
+    """The (content, reasoning, finish_reason, tool call pieces) of each choice of a chunk, and its usage
+    if it has one."""
     choices = []
     for choice in chunk.get("choices") or ():
         delta = choice.get("delta") or {}
@@ -56,9 +81,48 @@ def _read(chunk: Chunk) -> tuple[list[tuple[str, str | None, str | None]], dict[
         content = delta.get("content") or ""
         if not isinstance(content, str) or not isinstance(reasoning, str | None):
             raise TypeError("content and reasoning must be text")
-        choices.append((content, reasoning, choice.get("finish_reason")))
+        tool_calls = delta.get("tool_calls")
+        if tool_calls is not None and not isinstance(tool_calls, list):
+            raise TypeError("tool_calls must be a list")
+        choices.append((content, reasoning, choice.get("finish_reason"), tool_calls))
     usage = chunk.get("usage")
     return choices, {key: int(usage.get(key) or 0) for key in USAGE_KEYS} if usage else None
+
+
+class ToolCallParts:
+    """The tool calls of a stream, put together from their pieces. OpenAI sends a call's id and name in
+    its first piece and its arguments in many, each piece naming its call by `index`; some servers send
+    a whole call in one piece, without an index, or without an id."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, list[str]] = {}  # by index: [id, name, arguments so far]
+
+    def feed(self, pieces: list[dict[str, Any]]) -> None:
+        for piece in pieces:
+            function = piece.get("function") or {}
+            index = piece.get("index")
+            if not isinstance(index, int):  # a new call if it names itself, else more of the last one
+                starts = piece.get("id") or function.get("name") or not self._calls
+                index = max(self._calls, default=-1) + 1 if starts else max(self._calls)
+            call = self._calls.setdefault(index, ["", "", ""])
+            for slot, value in ((0, piece.get("id")), (1, function.get("name")), (2, function.get("arguments"))):
+                if value is not None and not isinstance(value, str):
+                    raise TypeError("a tool call's id, name and arguments must be text")
+                if value and slot == 2:
+                    call[2] += value
+                elif value:
+                    call[slot] = value  # an id or a name is sent whole, once (some servers repeat it)
+
+    def calls(self) -> list[ToolCall]:
+        # Ids unique in the turn (the page pairs a call with its result by id); text valid Unicode (see
+        # UnicodeRepair: JSON may escape a lone surrogate), for the socket and the database.
+        return [
+            ToolCall(
+                valid_text(call_id) or f"call_{secrets.token_hex(6)}", valid_text(name), valid_text(arguments) or "{}"
+            )
+            for _, (call_id, name, arguments) in sorted(self._calls.items())
+            if name
+        ]
 
 
 class UnicodeRepair:
@@ -74,15 +138,15 @@ class UnicodeRepair:
         text, self._held = self._held + text, ""
         if text and "\ud800" <= text[-1] <= "\udbff":
             text, self._held = text[:-1], text[-1]
-        return _valid(text)
+        return valid_text(text)
 
     def flush(self) -> str:
         """What is held back when the stream ends (a high surrogate alone: U+FFFD)."""
-        text, self._held = _valid(self._held), ""
+        text, self._held = valid_text(self._held), ""
         return text
 
 
-def _valid(text: str) -> str:
+def valid_text(text: str) -> str:
     # UTF-16 with surrogatepass turns a proper pair into its character; "replace" marks the rest. A NUL
     # is dropped: PostgreSQL cannot store one.
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").replace("\x00", "")
@@ -94,6 +158,7 @@ class StreamResult:
     finish_reason: str | None
     usage: dict[str, int] | None
     first_chunk_at: float | None
+    tool_calls: list[ToolCall] = field(default_factory=list)  # what the model asked to call, if anything
 
 
 async def stream_llm(
@@ -104,15 +169,18 @@ async def stream_llm(
     on_chunk: Callable[[str, str | None], object],
     stop: asyncio.Event,
     on_queued: Callable[[int], object] | None = None,
+    tools: ToolOffer | None = None,
 ) -> StreamResult:
     """Stream a reply into `on_chunk(content, reasoning)` until it ends or `stop` is set.
 
-    `on_queued(position)` is called if the provider must wait for earlier requests first.
+    `on_queued(position)` is called if the provider must wait for earlier requests first. The tool
+    calls the model makes (when `tools` offers some) are put together and returned, not sent on.
     A stop cancels the read in progress, which closes the upstream response at once. A stream
     that ends without a finish reason was cut short and raises ProviderError.
     """
     result = StreamResult(stopped=False, finish_reason=None, usage=None, first_chunk_at=None)
     content_text, reasoning_text = UnicodeRepair(), UnicodeRepair()
+    tool_calls = ToolCallParts()
 
     def emit(content: str, reasoning: str | None) -> None:
         if content or reasoning:
@@ -121,20 +189,26 @@ async def stream_llm(
             on_chunk(content, reasoning or None)
 
     async def consume() -> None:
-        async with provider.open_stream(messages, model, max_tokens, on_queued) as chunks:
+        # `tools` only when some are offered: a provider written before tools existed still works.
+        offer = {"tools": tools} if tools is not None else {}
+        async with provider.open_stream(messages, model, max_tokens, on_queued, **offer) as chunks:
             async for chunk in chunks:
                 try:
                     choices, usage = _read(chunk)
+                    for *_, calls in choices:
+                        if calls:
+                            tool_calls.feed(calls)
                 except (AttributeError, TypeError, ValueError) as error:
                     unreadable = f"The provider sent a chunk PocketChat cannot read: {chunk!r:.200}"
                     raise ProviderError(unreadable, kind="unreadable") from error
-                for content, reasoning, finish_reason in choices:
+                for content, reasoning, finish_reason, _ in choices:
                     emit(content_text.feed(content), reasoning_text.feed(reasoning) if reasoning else None)
                     if finish_reason:
                         result.finish_reason = finish_reason
                 if usage is not None:
                     result.usage = usage
         emit(content_text.flush(), reasoning_text.flush())
+        result.tool_calls = tool_calls.calls()
 
     if stop.is_set():
         result.stopped = True

@@ -9,7 +9,7 @@ from pocketchat.errors import ProviderError
 from pocketchat.providers.local import LocalModelMissing, LocalProvider
 from pocketchat.providers.openai_compatible import OpenAIProvider
 from pocketchat.settings import Settings
-from utils.llm_stream import ChatProvider, Chunk
+from utils.llm_stream import ChatProvider, Chunk, ToolOffer
 
 logger = logging.getLogger(__name__)
 
@@ -28,6 +28,9 @@ class UnavailableProvider:
     def usage_source(self, model: str) -> str:
         return "estimated"
 
+    def supports_tools(self, model: str) -> bool:
+        return False
+
     async def warm_up(self) -> None:
         return None
 
@@ -43,6 +46,7 @@ class UnavailableProvider:
         model: str,
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
+        tools: ToolOffer | None = None,
     ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]:
         raise ProviderError(self.reason)
 
@@ -68,6 +72,9 @@ class WithEmbeddedModel:
     def usage_source(self, model: str) -> str:
         return self._for(model).usage_source(model)
 
+    def supports_tools(self, model: str) -> bool:
+        return self._for(model).supports_tools(model)
+
     async def warm_up(self) -> None:
         await self.remote.warm_up()
 
@@ -83,8 +90,9 @@ class WithEmbeddedModel:
         model: str,
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
+        tools: ToolOffer | None = None,
     ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]:
-        return self._for(model).open_stream(messages, model, max_tokens, on_queued)
+        return self._for(model).open_stream(messages, model, max_tokens, on_queued, tools)
 
     async def aclose(self) -> None:
         await self.remote.aclose()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pocketchat.errors import ProviderError
-from utils.llm_stream import Chunk
+from utils.llm_stream import Chunk, ToolOffer
 
 logger = logging.getLogger(__name__)
 
@@ -214,6 +214,9 @@ class LocalProvider:
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "local": True, "demo": self.is_demo, "model": self.model_name}
 
+    def supports_tools(self, model: str) -> bool:
+        return False  # a 135M demo model: its chat template has no tool calls
+
     def usage_source(self, model: str) -> str:
         return "counted"
 
@@ -242,6 +245,7 @@ class LocalProvider:
         model: str,
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
+        tools: ToolOffer | None = None,  # never offered: see supports_tools
     ) -> AsyncIterator[LocalStream]:
         stream = LocalStream(asyncio.get_running_loop(), messages, max_tokens or self.max_tokens, on_queued)
         self._enqueue(stream)

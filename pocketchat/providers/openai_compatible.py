@@ -11,7 +11,7 @@ import aiohttp
 import openai
 
 from pocketchat.errors import ProviderError
-from utils.llm_stream import Chunk
+from utils.llm_stream import Chunk, ToolOffer
 
 RETRYABLE_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
 # Keys look like sk-..., sk-or-v1-..., or-...; a provider may echo part of one back.
@@ -67,6 +67,9 @@ class OpenAIProvider:
     def usage_source(self, model: str) -> str:
         return "provider"
 
+    def supports_tools(self, model: str) -> bool:
+        return True  # OpenAI tool calls; --max-tool-steps 0 keeps them from an endpoint that has none
+
     async def warm_up(self) -> None:
         return None  # nothing to load; the model list is asked for on first use
 
@@ -107,6 +110,7 @@ class OpenAIProvider:
         model: str,
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
+        tools: ToolOffer | None = None,
     ) -> AsyncIterator[AsyncIterator[Chunk]]:
         """The provider's chunk stream; leaving the block closes the HTTP response (the provider sees it).
 
@@ -122,6 +126,8 @@ class OpenAIProvider:
             body["max_tokens"] = max_tokens
         if self.temperature is not None:
             body["temperature"] = self.temperature
+        if tools is not None:
+            body["tools"], body["tool_choice"] = tools.tools, tools.choice
         try:
             # The SDK's chat.completions.create() builds a pydantic object per chunk, which was a third
             # of the server's CPU under load; cast_to=object keeps its HTTP, SSE, auth and errors but
