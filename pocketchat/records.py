@@ -75,8 +75,9 @@ class Message:
 
 
 # The fields of a conversation's record that can be changed (PATCH), each written on its own.
-RECORD_FIELDS = ("title", "model", "system_prompt")
-CONVERSATION_COLUMNS = ("id", "owner", "title", "model", "system_prompt", "created_at", "updated_at")
+RECORD_FIELDS = ("title", "model", "system_prompt", "tools_off")
+CONVERSATION_COLUMNS = ("id", "owner", "title", "model", "system_prompt", "created_at", "updated_at", "tools_off")
+JSON_COLUMNS = ("tools_off",)  # kept as JSON text in both databases
 
 
 @dataclass
@@ -88,14 +89,22 @@ class ConversationRecord:
     id: str = field(default_factory=new_id)
     created_at: float = field(default_factory=time.time)
     updated_at: float = field(default_factory=time.time)
+    # The tool sources turned off in this conversation: "builtin", or an MCP server's name.
+    tools_off: list[str] = field(default_factory=list)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "ConversationRecord":
-        return cls(**{name: row[name] for name in CONVERSATION_COLUMNS})
+        values = {name: row[name] for name in CONVERSATION_COLUMNS}
+        return cls(**values | {name: json.loads(values[name]) for name in JSON_COLUMNS})
 
     def to_row(self) -> tuple[Any, ...]:
         """The record as both stores write it, in the order of CONVERSATION_COLUMNS."""
-        return tuple(getattr(self, name) for name in CONVERSATION_COLUMNS)
+        return tuple(self.column(name) for name in CONVERSATION_COLUMNS)
+
+    def column(self, name: str) -> Any:
+        """The field `name` as both stores write it (a list as JSON text)."""
+        value = getattr(self, name)
+        return json.dumps(value) if name in JSON_COLUMNS else value
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -103,6 +112,7 @@ class ConversationRecord:
             "title": self.title,
             "model": self.model,
             "system_prompt": self.system_prompt,
+            "tools_off": self.tools_off,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }
@@ -153,6 +163,17 @@ class DocumentRecord:
         if self.error:
             wire["error"] = self.error
         return wire
+
+
+@dataclass(frozen=True)
+class MessageHit:
+    """A message that a search of a user's conversations found."""
+
+    conversation_id: str
+    title: str | None
+    role: Role
+    content: str
+    created_at: float
 
 
 @dataclass(frozen=True)

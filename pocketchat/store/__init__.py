@@ -11,7 +11,7 @@ import hashlib
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
-from pocketchat.records import RECORD_FIELDS, ConversationRecord, DocumentRecord, Message, Passage
+from pocketchat.records import RECORD_FIELDS, ConversationRecord, DocumentRecord, Message, MessageHit, Passage
 from pocketchat.settings import Settings
 
 
@@ -99,6 +99,14 @@ class Store(Protocol):
     async def search_passages(self, document_ids: list[str], terms: list[str], most: int) -> list[int]: ...
 
     async def passages(self, owner: str, ids: list[int]) -> list[Passage]: ...
+
+    async def search_messages(self, owner: str, terms: list[str], most: int, leave_out_turn: str) -> list[MessageHit]:
+        """The owner's newest messages holding every term, case-insensitively, but those of one turn."""
+
+
+def like_pattern(term: str) -> str:
+    """A LIKE pattern matching `term` anywhere, its own % and _ taken literally (escaped with \\)."""
+    return "%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
 
 
 TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered

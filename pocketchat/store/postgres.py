@@ -19,8 +19,8 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from pocketchat.errors import Unavailable
-from pocketchat.records import ConversationRecord, DocumentRecord, Message, Passage
-from pocketchat.store import TOMBSTONE_SECONDS, session_hash
+from pocketchat.records import CONVERSATION_COLUMNS, ConversationRecord, DocumentRecord, Message, MessageHit, Passage
+from pocketchat.store import TOMBSTONE_SECONDS, like_pattern, session_hash
 from pocketchat.store.queued import QueuedStore, Row
 from pocketchat.store.writes import Database, Job
 
@@ -139,6 +139,10 @@ CREATE TABLE chunks (
 CREATE INDEX chunks_by_document ON chunks (document_id, seq);
 CREATE INDEX chunks_words ON chunks USING GIN (words);
 """,
+    # Tools (SQLite's step 6): the tool sources a conversation turned off, as JSON text (a list of names).
+    """
+ALTER TABLE conversations ADD COLUMN tools_off TEXT NOT NULL DEFAULT '[]';
+""",
 ]
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
@@ -220,8 +224,8 @@ async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecor
     await db.execute(
         # DO NOTHING: with replicas, two may each store a new conversation they both had in memory.
         # Never one that was deleted (a first turn on one replica, a delete on another).
-        "INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
-        " SELECT $1, $2, $3, $4, $5, $6::double precision, $7::double precision"
+        f"INSERT INTO conversations ({', '.join(CONVERSATION_COLUMNS)})"
+        " SELECT $1, $2, $3, $4, $5, $6::double precision, $7::double precision, $8"
         " WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = $1) ON CONFLICT (id) DO NOTHING",
         *record.to_row(),
     )
@@ -452,6 +456,20 @@ class PostgresStore(QueuedStore[_WriteConnection]):
 
         return await self._read(work)
 
+    async def search_messages(self, owner: str, terms: list[str], most: int, leave_out_turn: str) -> list[MessageHit]:
+        """The owner's newest messages that hold every one of `terms` (ILIKE: case-insensitive), leaving
+        out those of the turn `leave_out_turn`."""
+        likes = " AND ".join(f"m.content ILIKE ${number} ESCAPE '\\'" for number in range(4, 4 + len(terms)))
+        query = (
+            "SELECT m.conversation_id, c.title, m.role, m.content, m.created_at FROM messages m"
+            " JOIN conversations c ON c.id = m.conversation_id"
+            " WHERE c.owner = $1 AND m.turn_id IS DISTINCT FROM $2"
+            f" {'AND ' + likes if likes else ''} ORDER BY m.created_at DESC LIMIT $3"
+        )
+        args = (owner, leave_out_turn, most, *(like_pattern(term) for term in terms))
+        rows = await self._read(lambda db: db.fetch(query, *args))
+        return [MessageHit(*row) for row in rows]
+
     async def read_secret(self, name: str) -> str | None:
         return await self._read(lambda db: db.fetchval("SELECT value FROM secrets WHERE name = $1", name))
 
@@ -478,7 +496,7 @@ class PostgresStore(QueuedStore[_WriteConnection]):
     def _update(self, record: ConversationRecord, names: list[str]) -> Work[str]:
         assignments = ", ".join(f"{name} = ${number}" for number, name in enumerate(names, start=3))
         query = f"UPDATE conversations SET updated_at = $2{', ' if names else ''}{assignments} WHERE id = $1"
-        row = (record.id, record.updated_at, *(getattr(record, name) for name in names))
+        row = (record.id, record.updated_at, *(record.column(name) for name in names))
         return lambda db: db.execute(query, *row)
 
     def _name(self, record: ConversationRecord) -> Work[str]:

@@ -17,8 +17,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pocketchat.records import ConversationRecord, DocumentRecord, Message, Passage
-from pocketchat.store import TOMBSTONE_SECONDS, session_hash, token_hash
+from pocketchat.records import CONVERSATION_COLUMNS, ConversationRecord, DocumentRecord, Message, MessageHit, Passage
+from pocketchat.store import TOMBSTONE_SECONDS, like_pattern, session_hash, token_hash
 from pocketchat.store.queued import QueuedStore, Row
 from pocketchat.store.writes import Database, Job
 
@@ -119,6 +119,10 @@ CREATE TRIGGER chunks_text_delete AFTER DELETE ON chunks BEGIN
     INSERT INTO chunks_text(chunks_text, rowid, text) VALUES ('delete', old.id, old.text);
 END;
 """,
+    # Tools: the tool sources a conversation turned off (JSON: a list of names; none before).
+    """
+ALTER TABLE conversations ADD COLUMN tools_off TEXT NOT NULL DEFAULT '[]';
+""",
 ]
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
@@ -167,8 +171,8 @@ def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> 
     db.execute(
         # OR IGNORE: with replicas, two may each store a new conversation they both had in memory.
         # Never one that was deleted.
-        "INSERT OR IGNORE INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
-        " SELECT ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = ?)",
+        f"INSERT OR IGNORE INTO conversations ({', '.join(CONVERSATION_COLUMNS)})"
+        " SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = ?)",
         (*record.to_row(), record.id),
     )
 
@@ -310,6 +314,19 @@ class SqliteStore(QueuedStore[_WriteConnection]):
 
         return await self._read(work)
 
+    async def search_messages(self, owner: str, terms: list[str], most: int, leave_out_turn: str) -> list[MessageHit]:
+        """The owner's newest messages that hold every one of `terms` (a LIKE each, case-insensitive for
+        ASCII), leaving out those of the turn `leave_out_turn`."""
+        likes = " AND ".join("m.content LIKE ? ESCAPE '\\'" for _ in terms) or "1 = 1"
+        query = (
+            "SELECT m.conversation_id, c.title, m.role, m.content, m.created_at FROM messages m"
+            " JOIN conversations c ON c.id = m.conversation_id"
+            f" WHERE c.owner = ? AND m.turn_id IS NOT ? AND {likes} ORDER BY m.created_at DESC LIMIT ?"
+        )
+        args = (owner, leave_out_turn, *(like_pattern(term) for term in terms), most)
+        rows = await self._read(lambda db: db.execute(query, args).fetchall())
+        return [MessageHit(*row) for row in rows]
+
     async def read_secret(self, name: str) -> str | None:
         row = await self._read(lambda db: db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone())
         return row[0] if row else None
@@ -339,7 +356,7 @@ class SqliteStore(QueuedStore[_WriteConnection]):
 
     def _update(self, record: ConversationRecord, names: list[str]) -> Work[Any]:
         query = f"UPDATE conversations SET {', '.join(f'{name} = ?' for name in ['updated_at', *names])} WHERE id = ?"
-        row = (record.updated_at, *(getattr(record, name) for name in names), record.id)
+        row = (record.updated_at, *(record.column(name) for name in names), record.id)
         return lambda db: db.execute(query, row)
 
     def _name(self, record: ConversationRecord) -> Work[Any]:
