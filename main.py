@@ -37,6 +37,7 @@ from pocketchat.providers import make_provider
 from pocketchat.settings import Settings
 from pocketchat.state import AppState
 from pocketchat.store import make_store
+from pocketchat.tools.mcp import McpConfigError, load_config
 from pocketchat.web import documents, login, sign_in
 from pocketchat.web.body_limit import BodyLimit
 from pocketchat.web.routes import invalid_request, router
@@ -188,6 +189,11 @@ def main(argv: list[str]) -> None:
         sys.exit(problem)
     if settings.flow not in FLOWS:
         sys.exit(f"--flow {settings.flow!r} is not a flow of flow.py; it has: {', '.join(FLOWS)}.")
+    if settings.mcp_config is not None:
+        try:
+            load_config(settings.mcp_config)  # read again at start-up; refused here with the reason
+        except McpConfigError as error:
+            sys.exit(str(error))
     if settings.auth_mode == "none" and not settings.on_loopback:
         logger.warning(
             "serving %s with no sign-in (--insecure-no-auth): anyone who reaches it reads everything", settings.host

@@ -1,5 +1,5 @@
-"""Per-user limits: replies streaming at once, open sockets, messages, new conversations, hellos
-and changes a minute; and failed sign-ins, per client address and in all. A limit of 0 is off.
+"""Per-user limits: replies streaming at once, open sockets, messages, new conversations, hellos,
+changes and tool calls a minute; and failed sign-ins, per client address and in all. A limit of 0 is off.
 
 The rules are here; the counting is done by a `Counters` kind: in this process (`LocalCounters`), or
 in Redis with replicas (`pocketchat/cluster/counters.py`), so that a user's limits hold across replicas.
@@ -232,6 +232,7 @@ class Limits:
         self._conversations = counters.window("conversations", settings.limit_conversations_per_minute)
         self._hellos = counters.window("hellos", settings.limit_hellos_per_minute)
         self._changes = counters.window("changes", settings.limit_changes_per_minute)
+        self._tool_calls = counters.window("tool-calls", settings.limit_tool_calls_per_minute)
         self._failed_sign_ins = counters.window("sign-ins", SIGN_INS_PER_MINUTE)
         self._all_failed_sign_ins = counters.window("all-sign-ins", ALL_SIGN_INS_PER_MINUTE)
 
@@ -278,6 +279,16 @@ class Limits:
         if event is None:
             raise RateLimited(
                 f"You changed conversations {self._changes.limit} times in the last minute; wait a moment.", wait
+            )
+
+    async def take_tool_call(self, user: str) -> None:
+        """Count a tool call the model makes in one of the user's replies, or refuse it."""
+        wait, event = await self._tool_calls.take(user)
+        if event is None:
+            raise RateLimited(
+                f"The model made {self._tool_calls.limit} tool calls in your replies in the last minute; "
+                "wait a moment.",
+                wait,
             )
 
     async def take_socket(self, user: str) -> None:

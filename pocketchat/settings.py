@@ -199,6 +199,31 @@ class Settings(BaseSettings):
         200_000_000, ge=0, description="Bytes all of one user's documents may take together (0: no limit)."
     )
 
+    mcp_config: Path | None = Field(
+        None,
+        description="A JSON file of MCP servers whose tools the model may call, in the common format "
+        '{"mcpServers": {name: {command, args, env} | {url, headers}}}; started with the app. Unset: the '
+        "built-in tools only.",
+    )
+    max_tool_steps: int = Field(
+        8,
+        ge=0,
+        description="Rounds of tool calls the model may make in one reply; then it answers without tools (0: "
+        "tools are never offered, for a provider without tool calls).",
+    )
+    tool_timeout: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a tool call may take (an MCP server's, or a client's answer) before it fails with "
+        "an error the model reads; also how long an MCP server may take to start.",
+    )
+    tool_result_chars: int = Field(
+        8000, gt=0, description="Characters of a tool's result the model reads; the rest is cut off."
+    )
+    limit_tool_calls_per_minute: int = Field(
+        60, ge=0, description="Tool calls the model may make a minute in one user's replies (0: no limit)."
+    )
+
     @classmethod
     def settings_customise_sources(
         cls,

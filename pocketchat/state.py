@@ -16,6 +16,7 @@ from pocketchat.errors import ProviderError
 from pocketchat.metrics import Metrics
 from pocketchat.settings import Settings
 from pocketchat.store import Store
+from pocketchat.tools.catalog import Catalog
 from pocketchat.web.sign_in import SignIn
 from utils.llm_stream import ChatProvider
 
@@ -43,6 +44,7 @@ class AppState:
         store.timing = self.metrics.store_writes.observe
         self.documents = Library(settings, store, provider, self.metrics)
         self.documents.tell = self.tell_documents
+        self.tools = Catalog(settings, store, self.limits)  # built-in tools and the MCP servers
         if isinstance(self.coordinator, Cluster):
             self.coordinator.on_lag = self.metrics.log_lag.observe
         self.sign_in = SignIn(settings, store, self.limits)
@@ -56,6 +58,7 @@ class AppState:
         await self.coordinator.start()
         await self.documents.start()
         await self.sign_in.start()
+        await self.tools.start()
         self._tasks.keep("the session watch", self._close_sockets_of_dead_sessions)
 
     def stopped(self) -> str | None:
@@ -150,6 +153,7 @@ class AppState:
             turn.stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.documents.aclose()
+        await self.tools.aclose()
         await self.provider.aclose()
         await self.coordinator.aclose()
         await self.store.close()

@@ -59,6 +59,11 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "limit_document_bytes": ("1000001", "1000002"),
     "limit_documents_per_conversation": ("15", "16"),
     "limit_document_bytes_per_user": ("3000001", "3000002"),
+    "mcp_config": ("/tmp/one.json", "/tmp/two.json"),
+    "max_tool_steps": ("3", "4"),
+    "tool_timeout": ("5", "6"),
+    "tool_result_chars": ("1001", "1002"),
+    "limit_tool_calls_per_minute": ("17", "18"),
 }
 SETTINGS = list(Settings.model_fields)
 DOCUMENTED_OPENAI = {"base_url": "OPENAI_BASE_URL", "api_key": "OPENAI_API_KEY"}

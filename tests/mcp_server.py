@@ -1,0 +1,78 @@
+"""A small MCP server over stdio (the official SDK), started by the tests: `python tests/mcp_server.py`.
+
+Its tools: `add` (two integers), `shout` (a text, upper-cased, `times` times: a result of any size),
+`slow` (sleeps, and notes its cancellation in the file `--cancelled-file` names), `hang` (never
+returns), `crash` (the process exits), `environment` (a variable of its environment). `--fail-at-start`
+exits before speaking MCP; `--hang-at-start` never answers; `--http PORT` serves streamable HTTP."""
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import anyio
+from mcp.server import MCPServer
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--fail-at-start", action="store_true")
+parser.add_argument("--hang-at-start", action="store_true")
+parser.add_argument("--cancelled-file", type=Path)
+parser.add_argument("--http", type=int)
+options = parser.parse_args()
+if options.fail_at_start:
+    sys.exit("this server fails at start on purpose")
+if options.hang_at_start:
+    time.sleep(3600)
+
+server = MCPServer("test-tools")
+
+
+@server.tool()
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@server.tool()
+def shout(text: str, times: int = 1) -> str:
+    """The text in capitals, repeated `times` times."""
+    return text.upper() * times
+
+
+@server.tool()
+async def slow(seconds: float) -> str:
+    """Wait `seconds`, then say done."""
+    try:
+        await anyio.sleep(seconds)
+    except anyio.get_cancelled_exc_class():
+        if options.cancelled_file:
+            options.cancelled_file.write_text("cancelled")
+        raise
+    return "done"
+
+
+@server.tool()
+def hang() -> str:
+    """Never answer (a badly written tool: the SDK runs it on a thread, the server itself goes on)."""
+    time.sleep(3600)
+    return "never"
+
+
+@server.tool()
+def crash() -> str:
+    """Exit the server process."""
+    os._exit(3)
+
+
+@server.tool()
+def environment(name: str) -> str:
+    """The value of an environment variable of the server (the config's `env` reaches it)."""
+    return os.environ.get(name, "")
+
+
+if __name__ == "__main__":
+    if options.http:
+        server.run("streamable-http", host="127.0.0.1", port=options.http)
+    else:
+        server.run()
