@@ -13,6 +13,7 @@ from nodes import (
     ChunkDocument,
     EmbedChunks,
     RetrieveDocuments,
+    RunTools,
     SaveReply,
     StoreChunks,
     StreamChat,
@@ -23,13 +24,19 @@ from pocketchat.settings import Settings
 
 def create_chat_flow(settings: Settings) -> AsyncFlow:
     """One chat turn: name the conversation, find the passages of its documents, build the prompt, stream
-    the reply, record it."""
+    the reply (with tool calls run in a loop, PocketFlow's agent: the model decides, the tools act, back
+    to the model), record it."""
     title = TitleConversation()
     retrieve = RetrieveDocuments()
     prompt = BuildPrompt()
     chat = StreamChat(max_retries=settings.retries, wait=settings.retry_wait)
+    run_tools = RunTools()
     save = SaveReply()
     title >> retrieve >> prompt >> chat
+    # The model asked for tools: run them, and back to it with their results (--max-tool-steps rounds).
+    chat - "tools" >> run_tools
+    run_tools >> chat
+    run_tools - "stopped" >> save
     # StreamChat says how the reply ended; a node for complete replies only goes on the first line.
     chat - "complete" >> save
     chat - "stopped" >> save

@@ -5,26 +5,29 @@ Nodes never touch a socket: what the browser should see goes to `shared["log"]`,
 which every attached socket follows. A node shows itself in the page with `log.append_step(...)`.
 """
 
+import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from pocketflow import AsyncNode
+from pocketflow import AsyncNode, AsyncParallelBatchNode
 
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn
 from pocketchat.errors import ProviderError, StorageError
 from pocketchat.records import DocumentRecord, Message, Passage, Status
 from pocketchat.store import Store, save_reply
+from pocketchat.tools import CallOutcome, ToolBox, arguments_of
 from pocketchat.turn_log import TurnLog
 from utils.chunking import Chunk, chunk_pages
 from utils.embeddings import Embedder, to_bytes
-from utils.llm_stream import ChatProvider, StreamResult, stream_llm
-from utils.prompt import Snippet, build_prompt, estimate_tokens
+from utils.llm_stream import ChatProvider, StreamResult, ToolCall, stream_llm
+from utils.prompt import Snippet, build_prompt
 from utils.read_document import Page
 from utils.retrieval import VectorCache, retrieve
+from utils.usage import TurnUsage
 
 
 class TitleConversation(AsyncNode):
@@ -161,11 +164,14 @@ class BuildPrompt(AsyncNode):
 @dataclass
 class ChatRequest:
     provider: ChatProvider
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     model: str
     max_tokens: int | None
     log: TurnLog
     turn: Turn
+    tools: ToolBox | None = None  # offered when the model supports them
+    final: bool = False  # --max-tool-steps reached: the model answers without tools
+    start_seq: int = 0  # chunks in the log before this step: a retry is safe while there are no more
     failures: int = 0  # attempts that failed before the first chunk
 
 
@@ -178,8 +184,9 @@ class ChatOutcome:
 
 
 class StreamChat(AsyncNode):
-    """Stream the model's reply to `shared["prompt"]` into the log; the action says how it ended:
-    "complete", "stopped" or "error"."""
+    """Stream the model's reply to `shared["prompt"]` into the log, offering it the turn's tools; the
+    action says how it ended: "complete", "stopped" or "error", or "tools" when the model asked for tool
+    calls (RunTools runs them, and the flow comes back here: one run of this node is one step)."""
 
     async def prep_async(self, shared: dict[str, Any]) -> ChatRequest:
         conversation: Conversation = shared["conversation"]
@@ -190,12 +197,17 @@ class StreamChat(AsyncNode):
             max_tokens=shared["settings"].max_tokens,
             log=shared["log"],
             turn=shared["turn"],
+            tools=shared["tools"],
+            final=shared["tool_steps"] >= shared["settings"].max_tool_steps,
+            start_seq=shared["log"].seq,
         )
 
     async def exec_async(self, request: ChatRequest) -> ChatOutcome:
         try:
             # A conversation made while the provider was unreachable has no model yet.
             request.model = request.model or await request.provider.default_model()
+            # The embedded model has no tool calls: it is offered none.
+            supported = request.tools is not None and request.provider.supports_tools(request.model)
             result = await stream_llm(
                 request.provider,
                 request.messages,
@@ -204,10 +216,12 @@ class StreamChat(AsyncNode):
                 request.log.append_chunk,
                 request.turn.stop,
                 lambda position: request.log.append(protocol.queued(request.turn.id, position)),
+                request.tools.offer(request.final) if supported and request.tools else None,
             )
         except ProviderError as error:
-            # Raising lets PocketFlow retry after `wait`, which is safe only while nothing was sent.
-            if error.retryable and request.log.seq == 0:
+            # Raising lets PocketFlow retry after `wait`, which is safe only while this step sent nothing
+            # (tool calls are collected, not sent, until the stream ends).
+            if error.retryable and request.log.seq == request.start_seq:
                 # PocketFlow sleeps `self.wait` before the next attempt: doubling it after the first
                 # failure backs off. The flow runs a copy of this node, so each turn starts afresh.
                 if request.failures:
@@ -231,8 +245,18 @@ class StreamChat(AsyncNode):
             raise outcome.bug  # turns.run_turn records the turn as failed and logs the traceback
         turn: Turn = shared["turn"]
         reply = turn.reply_so_far()
+        usage: TurnUsage = shared["usage"]
+        source = request.provider.usage_source(request.model) if request.model else "estimated"
+        said = usage.add(outcome.result, source, request.messages, reply.content, reply.reasoning)
+        reply.meta.update(usage.stats(request.model, turn.started_at))  # summed over the steps so far
+        calls = outcome.result.tool_calls if outcome.result is not None else []
+        if outcome.status == "complete" and calls and not request.final:
+            # What the model said and asked for joins the prompt; RunTools adds the results.
+            asked = [_call_message(call) for call in calls]
+            shared["prompt"] = [*request.messages, {"role": "assistant", "content": said or None, "tool_calls": asked}]
+            shared["tool_calls"] = calls
+            return "tools"
         reply.status = outcome.status
-        reply.meta.update(_reply_stats(request, outcome, reply.content + reply.reasoning, turn.started_at))
         if outcome.error is not None:
             reply.error = outcome.error.message
             turn.error_kind = outcome.error.kind
@@ -241,27 +265,51 @@ class StreamChat(AsyncNode):
         return outcome.status
 
 
-def _reply_stats(request: ChatRequest, outcome: ChatOutcome, text: str, started_at: float) -> dict[str, Any]:
-    """Model, usage (the provider's, else counted or estimated, and which), ttft and tokens/s of a reply."""
-    result = outcome.result
-    if result is not None and result.usage is not None:
-        usage: dict[str, Any] = {**result.usage, "source": request.provider.usage_source(request.model)}
-    else:
-        prompt = sum(estimate_tokens(m["content"]) for m in request.messages)
-        completion = estimate_tokens(text)
-        usage = {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "source": "estimated",
-        }
-    stats: dict[str, Any] = {"model": request.model, "usage": usage, "ttft_ms": None, "tokens_per_second": None}
-    if result is not None and result.first_chunk_at is not None:
-        now = time.monotonic()
-        stats["ttft_ms"] = round((result.first_chunk_at - started_at) * 1000)
-        if now > result.first_chunk_at:
-            stats["tokens_per_second"] = round(usage["completion_tokens"] / (now - result.first_chunk_at), 1)
-    return stats
+def _call_message(call: ToolCall) -> dict[str, Any]:
+    """A tool call as the assistant message that asked for it holds it (OpenAI's shape)."""
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
+@dataclass
+class ToolRun:
+    call: ToolCall
+    tools: ToolBox
+    log: TurnLog
+    stop: asyncio.Event
+
+
+class RunTools(AsyncParallelBatchNode):
+    """Run the tool calls the model asked for (StreamChat's "tools"), all at once: the calls of one step
+    are independent. Each shows as a `tool_call` step when it starts and a `tool_result` step when it
+    ends; their results join the prompt as tool messages, and the flow goes back to StreamChat. A stop
+    cancels the calls running (MCP servers are told) and ends the turn: the action is "stopped"."""
+
+    async def prep_async(self, shared: dict[str, Any]) -> list[ToolRun]:
+        turn: Turn = shared["turn"]
+        return [ToolRun(call, shared["tools"], shared["log"], turn.stop) for call in shared["tool_calls"]]
+
+    async def exec_async(self, run: ToolRun) -> CallOutcome:
+        # The steps are shown as the calls happen, like StreamChat's chunks: this node is never retried
+        # (max_retries 1), and ToolBox.run turns every failure into an error result, so none shows twice.
+        name = run.tools.name_of(run.call)
+        if run.stop.is_set():
+            return CallOutcome(run.call, name, error="Stopped.", stopped=True)  # never started: not shown
+        run.log.append_step(
+            "RunTools", "tool_call", {"id": run.call.id, "name": name, "arguments": arguments_of(run.call)}
+        )
+        outcome = await run.tools.run(run.call, run.stop)
+        run.log.append_step("RunTools", "tool_result", outcome.step())
+        return outcome
+
+    async def post_async(self, shared: dict[str, Any], runs: list[ToolRun], outcomes: list[CallOutcome]) -> str | None:
+        shared["prompt"] = [*shared["prompt"], *(outcome.message() for outcome in outcomes)]
+        shared["tool_calls"] = []
+        shared["tool_steps"] += 1
+        turn: Turn = shared["turn"]
+        if turn.stop.is_set():
+            turn.reply_so_far().status = "stopped"  # its stats are those of the steps before
+            return "stopped"
+        return None  # back to the model, with the results
 
 
 NOT_SAVED_YET = (

@@ -62,6 +62,7 @@ class Turn:
     # sockets saw it; the turn's record is no longer this replica's to write.
     fenced: bool = False
     error_kind: str | None = None  # what failed the provider, if it failed (for /metrics)
+    client_tools: Any = None  # ClientTools of the socket that started it: the tools its client declared
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set when it has ended, here or elsewhere
 
     def reply_so_far(self) -> Message:
@@ -113,7 +114,7 @@ class Conversation:
         history = self.history_json(turn.reply if turn else None)
         record = self.record
         text = protocol.ready_text(
-            self.id, record.title, record.model, record.system_prompt, history, running, provider
+            self.id, record.title, record.model, record.system_prompt, history, running, provider, record.tools_off
         )
         if turn is None or running is None:
             return text, None, 0

@@ -12,6 +12,7 @@ from pocketchat.conversations import Conversation, Turn, TurnIds
 from pocketchat.errors import ProtocolError, Unavailable
 from pocketchat.state import AppState
 from pocketchat.store import Store, save_reply
+from utils.usage import TurnUsage
 
 logger = logging.getLogger("pocketchat")
 CHECKPOINT_SECONDS = 2.0
@@ -22,9 +23,11 @@ COUNT_OUT_SECONDS = 1.0
 _lingering: set[asyncio.Future[None]] = set()  # steps of turns' ends that outlasted their wait: kept referenced
 
 
-async def begin_turn(state: AppState, conversation: Conversation, begin: Callable[[TurnIds], Turn], user: str) -> None:
+async def begin_turn(
+    state: AppState, conversation: Conversation, begin: Callable[[TurnIds], Turn], user: str, client_tools: Any = None
+) -> None:
     """Claim a turn (the user's limits, and with replicas the conversation cluster-wide), begin it in
-    the conversation, and run it."""
+    the conversation, and run it; `client_tools` are those the socket that asked declared."""
     ids = TurnIds()
     taken = await state.coordinator.claim(conversation, ids, user)
     try:
@@ -32,6 +35,7 @@ async def begin_turn(state: AppState, conversation: Conversation, begin: Callabl
     except Exception:
         await state.coordinator.release_claim(conversation, taken)
         raise
+    turn.client_tools = client_tools
     lease = taken.lease.value if taken.lease is not None else ""
     turn.task = asyncio.create_task(run_turn(state, conversation, turn, lease))
 
@@ -47,7 +51,12 @@ def new_shared(state: AppState, conversation: Conversation, turn: Turn) -> dict[
         "store": state.store,  # Store: the database
         "documents": state.documents,  # Library: the conversation's documents' embedding model and vectors
         "context": [],  # list[Snippet]: what earlier nodes found for the prompt, with their sources
-        "prompt": None,  # list[dict]: the messages BuildPrompt made, which StreamChat sends
+        "prompt": None,  # list[dict]: the messages BuildPrompt made, which StreamChat sends (and tools extend)
+        # ToolBox: the tools the model may call (those the conversation has on, and its client's)
+        "tools": state.tools.for_turn(conversation.record, turn.id, turn.client_tools),
+        "tool_calls": [],  # list[ToolCall]: what the model asked to call (StreamChat writes, RunTools runs)
+        "tool_steps": 0,  # rounds of tool calls so far: at --max-tool-steps the model answers without tools
+        "usage": TurnUsage(),  # what the model's steps add up to: the reply's usage and timings
     }
 
 

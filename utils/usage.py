@@ -1,0 +1,77 @@
+"""What a reply's model steps add up to: with tools, one reply is several requests to the model (each
+step asks for tool calls, or answers), and its usage and timings are their sums."""
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from utils.llm_stream import StreamResult
+from utils.prompt import estimate_tokens
+
+SOURCES = ("estimated", "counted", "provider")  # from the least exact: a sum is as exact as its worst part
+
+
+def message_text(message: dict[str, Any]) -> str:
+    """The text of a prompt message, for an estimate: its content (text, or text parts), and the
+    arguments of the tool calls an assistant message holds."""
+    content = message.get("content")
+    if isinstance(content, list):
+        content = " ".join(part.get("text", "") for part in content if isinstance(part, dict))
+    calls = " ".join(call.get("function", {}).get("arguments", "") for call in message.get("tool_calls") or ())
+    return f"{content or ''} {calls}".strip()
+
+
+@dataclass
+class TurnUsage:
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    sources: set[str] = field(default_factory=set)
+    first_chunk_at: float | None = None  # the turn's first chunk, of whichever step sent it
+    streamed_tokens: int = 0  # of the steps that streamed text, and for how long they streamed it
+    streamed_seconds: float = 0.0
+    content_seen: int = 0  # characters of the reply's content and reasoning that earlier steps wrote
+    reasoning_seen: int = 0
+
+    def add(
+        self,
+        result: StreamResult | None,
+        source: str,
+        messages: list[dict[str, Any]],
+        content: str,
+        reasoning: str,
+    ) -> str:
+        """Count one step: its result (None if it failed), where the provider's usage comes from, the
+        prompt it sent, and the reply's whole content and reasoning so far. Returns the step's content."""
+        step_content, step_reasoning = content[self.content_seen :], reasoning[self.reasoning_seen :]
+        self.content_seen, self.reasoning_seen = len(content), len(reasoning)
+        if result is not None and result.usage is not None:
+            prompt, completion = result.usage["prompt_tokens"], result.usage["completion_tokens"]
+            self.sources.add(source)
+        else:
+            calls = " ".join(call.arguments for call in result.tool_calls) if result else ""
+            prompt = sum(estimate_tokens(message_text(message)) for message in messages)
+            completion = estimate_tokens(step_content + step_reasoning + calls)
+            self.sources.add("estimated")
+        self.prompt_tokens += prompt
+        self.completion_tokens += completion
+        if result is not None and result.first_chunk_at is not None:
+            self.first_chunk_at = self.first_chunk_at or result.first_chunk_at
+            self.streamed_tokens += completion
+            self.streamed_seconds += time.monotonic() - result.first_chunk_at
+        return step_content
+
+    def stats(self, model: str, started_at: float) -> dict[str, Any]:
+        """The reply's model, usage (summed, with the least exact source), ttft and tokens/s."""
+        source = next((name for name in SOURCES if name in self.sources), "estimated")
+        usage = {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "source": source,
+        }
+        stats: dict[str, Any] = {"model": model, "usage": usage, "ttft_ms": None, "tokens_per_second": None}
+        if self.first_chunk_at is not None:
+            stats["ttft_ms"] = round((self.first_chunk_at - started_at) * 1000)
+        if self.streamed_seconds > 0:
+            stats["tokens_per_second"] = round(self.streamed_tokens / self.streamed_seconds, 1)
+        return stats
