@@ -40,10 +40,25 @@ class _Frame(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+ToolName = Annotated[str, StringConstraints(strict=True, pattern=r"^[A-Za-z0-9_-]{1,48}$")]
+CallId = Annotated[str, StringConstraints(strict=True, min_length=1, max_length=128), Unicode]
+MAX_CLIENT_TOOLS = 32
+
+
+class ToolDeclaration(_Frame):
+    """A tool a client offers the model: called `client.<name>`; `parameters` is its arguments' JSON schema."""
+
+    name: ToolName
+    description: Annotated[str, StringConstraints(strict=True, max_length=2000), Unicode] = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+
+
 class Hello(_Frame):
     type: Literal["hello"]
     conversation_id: ConversationId | None = None
     session_id: ConversationId | None = None  # the deprecated name of conversation_id (protocol 1)
+    # Tools this client offers from now on; absent: those it declared before, if any.
+    tools: Annotated[list[ToolDeclaration], Field(max_length=MAX_CLIENT_TOOLS)] | None = None
 
     @property
     def conversation(self) -> str | None:
@@ -73,7 +88,31 @@ class Edit(_Frame):
     content: Content
 
 
-ClientFrame = Hello | UserMessage | Stop | Regenerate | Edit
+class ToolCallAck(_Frame):
+    """The client runs the call it got as `tool_call`."""
+
+    type: Literal["tool_call_ack"]
+    call_id: CallId
+
+
+class ToolCallNack(_Frame):
+    """The client refuses the call: the model is told it was denied, and why."""
+
+    type: Literal["tool_call_nack"]
+    call_id: CallId
+    reason: Annotated[str, StringConstraints(strict=True, max_length=1000), Unicode] = ""
+
+
+class ToolResult(_Frame):
+    """The result of a client's tool call (any JSON; text as it is), or its `error`."""
+
+    type: Literal["tool_result"]
+    call_id: CallId
+    result: Any = None
+    error: Annotated[str, StringConstraints(strict=True, max_length=4000), Unicode] | None = None
+
+
+ClientFrame = Hello | UserMessage | Stop | Regenerate | Edit | ToolCallAck | ToolCallNack | ToolResult
 CLIENT_FRAME_TYPES = [frame.model_fields["type"].annotation.__args__[0] for frame in ClientFrame.__args__]
 _client_frame: TypeAdapter[ClientFrame] = TypeAdapter(Annotated[ClientFrame, Field(discriminator="type")])
 
@@ -120,6 +159,7 @@ def ready(
     history: list[dict[str, Any]],
     running: dict[str, Any] | None,
     provider: dict[str, Any],
+    tools_off: list[str] | None = None,
 ) -> dict[str, Any]:
     frame: dict[str, Any] = {
         "type": "ready",
@@ -129,6 +169,7 @@ def ready(
         "title": title,
         "model": model,
         "system_prompt": system_prompt,
+        "tools_off": tools_off or [],
         "provider": provider,
         "history": history,
     }
@@ -145,10 +186,11 @@ def ready_text(
     history_json: str,
     running: dict[str, Any] | None,
     provider: dict[str, Any],
+    tools_off: list[str] | None = None,
 ) -> str:
     """`ready`, encoded, with its history encoded already (`encode([m.to_wire() ...])`): the same text
     as `encode(ready(...))`, without encoding a long history again."""
-    head = encode(ready(conversation_id, title, model, system_prompt, [], None, provider))
+    head = encode(ready(conversation_id, title, model, system_prompt, [], None, provider, tools_off))
     assert head.endswith(',"history":[]}')  # `ready` puts the history last, before `running`
     tail = "" if running is None else ',"running":' + encode(running)
     return head.removesuffix("[]}") + history_json + tail + "}"
@@ -191,7 +233,18 @@ def conversation(record: ConversationRecord) -> dict[str, Any]:
         "title": record.title,
         "model": record.model,
         "system_prompt": record.system_prompt,
+        "tools_off": record.tools_off,
     }
+
+
+def tool_call(turn_id: str, call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """To the client that declared tool `name`: the model calls it; answer with the same `call_id`."""
+    return {"type": "tool_call", "turn_id": turn_id, "call_id": call_id, "name": name, "arguments": arguments}
+
+
+def tool_call_cancel(turn_id: str, call_id: str, reason: str) -> dict[str, Any]:
+    """To that client: the call is over without its answer (its time ran out, or the turn stopped)."""
+    return {"type": "tool_call_cancel", "turn_id": turn_id, "call_id": call_id, "reason": reason}
 
 
 def deleted(conversation_id: str) -> dict[str, Any]:
@@ -226,5 +279,7 @@ SERVER_FRAME_TYPES = [
     "conversation",
     "deleted",
     "document",
+    "tool_call",
+    "tool_call_cancel",
     "error",
 ]

@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, StringConstraints
+from pydantic import BaseModel, Field, StringConstraints
 
 from pocketchat import errors, protocol
 from pocketchat.conversations import Conversation
@@ -64,7 +64,17 @@ async def healthz(request: Request) -> JSONResponse:
     ready = all(failure is None for failure in parts.values())
     body = {"status": "ok" if ready else "failing"}
     body |= {name: "ok" if failure is None else "failing" for name, failure in parts.items()}
+    if state.settings.mcp_config is not None:
+        # Told, but no reason to take the app out of service: a chat goes on without that server's tools.
+        body["tools"] = "ok" if state.tools.failure() is None else "failing"
     return JSONResponse(body, status_code=200 if ready else 503)
+
+
+@router.get("/api/tools")
+async def tools(request: Request) -> dict[str, Any]:
+    """The tool sources (built in, each MCP server) with their state, tools and, for a server that
+    fails, why (with no secret of its config): the page lets a conversation turn each one off."""
+    return chat_state(request.app).tools.describe()
 
 
 @router.get("/api/models")
@@ -108,10 +118,15 @@ async def get_conversation(request: Request, conversation_id: str) -> dict[str, 
 Name = Annotated[str, StringConstraints(strict=True, strip_whitespace=True, min_length=1, max_length=200), Unicode]
 
 
+SourceName = Annotated[str, StringConstraints(strict=True, pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
 class ConversationChanges(BaseModel):
     title: Name | None = None
     model: Name | None = None
     system_prompt: Annotated[str, StringConstraints(strict=True, max_length=20_000), Unicode] | None = None
+    # The tool sources turned off: "builtin", MCP servers' names (a server not configured now is kept).
+    tools_off: Annotated[list[SourceName], Field(max_length=64)] | None = None
 
 
 async def count_change(request: Request) -> None:
@@ -130,6 +145,8 @@ async def change_conversation(request: Request, conversation_id: str, changes: C
     async with borrowed(request, conversation_id) as conversation:
         record = conversation.record
         fields = changes.model_dump(exclude_none=True)
+        if "tools_off" in fields:
+            fields["tools_off"] = sorted(set(fields["tools_off"]))
         for name, value in fields.items():
             setattr(record, name, value)
         conversation.broadcast(protocol.conversation(record))

@@ -25,6 +25,7 @@ from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn, TurnIds
 from pocketchat.errors import BadFrame, ProtocolError, RateLimited
 from pocketchat.state import AppState, chat_state
+from pocketchat.tools.client import ClientTools
 from pocketchat.turn_log import TurnLog
 from pocketchat.turns import begin_turn
 from pocketchat.web.sign_in import SIGNED_OUT, VISITOR, Visitor, same_origin
@@ -83,6 +84,7 @@ class Client:
         self._wake_frames = asyncio.Event()
         self._wake_logs = asyncio.Event()
         self._sending_log: tuple[Follow, asyncio.Task[None]] | None = None
+        self.tools = ClientTools(self.send)  # the tools this client declared, and its calls waiting for answers
 
     # ---- what a conversation calls (never waits) ----------------------------------------------
 
@@ -143,6 +145,7 @@ class Client:
         finally:
             for task in tasks:
                 task.cancel()
+            self.tools.close()  # its calls waiting for an answer are denied now
             self.detach()
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         close_code = None
@@ -226,7 +229,18 @@ class Client:
 
     async def handle(self, frame: protocol.ClientFrame) -> None:
         if isinstance(frame, protocol.Hello):
+            if frame.tools is not None:
+                self.tools.declare(frame.tools)
             await self.hello(frame.conversation)
+            return
+        if isinstance(frame, protocol.ToolCallAck):
+            self.tools.acknowledge(frame.call_id)
+            return
+        if isinstance(frame, protocol.ToolResult):
+            self.tools.answer(frame)
+            return
+        if isinstance(frame, protocol.ToolCallNack):
+            self.tools.deny(frame.call_id, frame.reason)
             return
         conversation = self.conversation
         if isinstance(frame, protocol.Stop):
@@ -249,7 +263,7 @@ class Client:
             begin = conversation.begin_regenerate
         else:
             begin = functools.partial(conversation.begin_edit, frame.message_id, frame.content)
-        await begin_turn(self.state, conversation, begin, self.user)
+        await begin_turn(self.state, conversation, begin, self.user, self.tools)
 
     async def hello(self, conversation_id: str | None) -> Conversation:
         state = self.state
