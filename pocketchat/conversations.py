@@ -109,7 +109,7 @@ class Conversation:
         """The `ready` frame, encoded, and the log and seq to follow after, so that nothing is lost or
         repeated."""
         turn = self.turn
-        running = {**turn.log.snapshot(), "message_id": turn.reply.id} if turn else None
+        running = {**turn.log.snapshot(resume=True), "message_id": turn.reply.id} if turn else None
         # The running turn's reply reaches the client as `running`, never also as history.
         history = self.history_json(turn.reply if turn else None)
         record = self.record

@@ -37,8 +37,10 @@ class TurnLog(Protocol):
     def append_step(self, node: str, kind: str, data: Any) -> None:
         """Add a `step` frame: what node `node` shows in the page (kind `status`, `sources`, ...)."""
 
-    def snapshot(self) -> dict[str, Any]:
-        """The reply so far: {turn_id, seq, content, reasoning, steps}."""
+    def snapshot(self, resume: bool = False) -> dict[str, Any]:
+        """The reply so far: {turn_id, seq, content, reasoning, steps}. `resume`: the snapshot a socket
+        then follows the log from (after `seq`): without the steps that came after chunk `seq`, which
+        the follow sends (a reload while a tool runs would show its call twice)."""
 
     def follow(self, after_seq: int) -> AsyncIterator[str]:
         """The encoded frames that came after chunk `after_seq`, waiting for new ones, until the log closes."""
@@ -69,7 +71,7 @@ class InProcessTurnLog:
         self._content: list[str] = []
         self._reasoning: list[str] = []
         self._unread: list[str] = []  # mirrored chunk frames not decoded yet
-        self._steps: list[dict[str, Any]] = []  # {node, kind, data} of each step frame, in order
+        self._steps: list[tuple[tuple[int, int], dict[str, Any]]] = []  # each step's key and {node, kind, data}
         self._seq = 0
         self._since_chunk = 0
         self._closed = False
@@ -96,6 +98,7 @@ class InProcessTurnLog:
         del self._entries[keep:], self._keys[keep:]
         self._seq, self._since_chunk = self._keys[-1] if self._keys else (0, 0)
         del self._content[self._seq :], self._reasoning[self._seq :]
+        self._steps = [(key, step) for key, step in self._steps if key <= self._keys[-1]] if self._keys else []
         self._cuts, self._cut_at = self._cuts + 1, keep
 
     def _shown(self) -> int:
@@ -108,8 +111,8 @@ class InProcessTurnLog:
 
     def append_step(self, node: str, kind: str, data: Any) -> None:
         frame = protocol.step(self.turn_id, node, kind, data)
-        self._steps.append(protocol.step_record(frame))
         self.append(frame)
+        self._steps.append((self._keys[-1], protocol.step_record(frame)))
 
     def append_chunk(self, content: str, reasoning: str | None = None) -> int:
         self._seq += 1
@@ -127,23 +130,24 @@ class InProcessTurnLog:
             self._seq = key[0]
             self._unread.append(text)  # read when a snapshot asks: most mirrored chunks never are
         elif text.startswith(STEP_PREFIX):
-            self._steps.append(protocol.step_record(json.loads(text)))
+            self._steps.append((key, protocol.step_record(json.loads(text))))
         self._since_chunk = key[1]
         self._push(key, text)
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, resume: bool = False) -> dict[str, Any]:
         for text in self._unread:
             frame = json.loads(text)
             self._content.append(frame["content"])
             self._reasoning.append(frame.get("reasoning") or "")
         self._unread.clear()
         held = self._held_seq()
+        seq = self._seq if held is None else held
         return {
             "turn_id": self.turn_id,
-            "seq": self._seq if held is None else held,
+            "seq": seq,
             "content": "".join(self._content if held is None else self._content[:held]),
             "reasoning": "".join(self._reasoning if held is None else self._reasoning[:held]),
-            "steps": list(self._steps),
+            "steps": [step for key, step in self._steps if not resume or key[0] < seq],
         }
 
     def _held_seq(self) -> int | None:
