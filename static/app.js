@@ -3,6 +3,7 @@
 import { Connection } from "./connection.js";
 import { acceptFiles, Documents } from "./documents.js";
 import { copyCode } from "./markdown.js";
+import { ToolsPanel } from "./tools.js";
 import { Transcript } from "./transcript.js";
 
 const CONVERSATION_KEY = "pocketchat.conversation";
@@ -31,6 +32,7 @@ const state = {
 const transcript = new Transcript($("transcript"), $("scroller"), $("jump"));
 const documents = new Documents($("documents"), $("file-picker"), (text) => showNotice(text), signIn);
 const connection = new Connection(onFrame, helloFrame, showConnection, signIn);
+const tools = new ToolsPanel($("tools-button"), $("tools-dialog"), (off) => changeConversation({ tools_off: off }));
 
 /** Not signed in (no session, or it was revoked): the sign-in page. */
 function signIn() {
@@ -67,6 +69,7 @@ const handlers = {
     setStreaming(Boolean(state.running));
     refreshSidebar();
     documents.open(frame.conversation_id);
+    tools.refresh(); // a server may have failed, or come back, since
   },
 
   document(frame) {
@@ -173,6 +176,8 @@ function showConversation(frame) {
   ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.md`;
   fillModelPicker();
   showProvider();
+  const provider = state.provider;
+  tools.show(frame.tools_off, provider?.kind === "local" || frame.model === provider?.embedded_model);
 }
 
 const DEMO_NOTE = ": a small offline demo model. For real answers, point PocketChat at a bigger model: " +

@@ -40,7 +40,7 @@ function suggestions(step) {
 function toolCall(step, results) {
   const call = step.data ?? {};
   const result = results.get(call.id);
-  const state = result ? (result.error ? " · failed" : "") : " · running…";
+  const state = result ? (result.denied ? " · denied" : result.error ? " · failed" : "") : " · running…";
   const parts = [element("pre", "tool-arguments", plain(call.arguments ?? {}))];
   if (result) parts.push(element("pre", `tool-result${result.error ? " error" : ""}`, plain(result.error ?? result.result)));
   return expandable("tool", `Tool ${call.name ?? "?"}${state}`, ...parts);

@@ -4,6 +4,8 @@ tools a client declares; against the app under uvicorn, the fake provider stream
 does, and real WebSocket clients."""
 
 import json
+import os
+import signal
 import sys
 import time
 import urllib.error
@@ -16,6 +18,7 @@ import pytest
 from tests.conftest import API_KEY, MODES, ROOT, AppProcess, ChatClient, reply_text
 from tests.fake_openai import Call, FakeOpenAI, Reply
 from tests.services import free_port
+from tests.test_cluster import another_replica, shared  # noqa: F401 (fixtures)
 from tests.test_protocol import wait_for
 
 SERVER = str(ROOT / "tests" / "mcp_server.py")
@@ -255,6 +258,25 @@ def test_stop_mid_tool_cancels_it_on_the_server_ends_the_turn_stopped_and_keeps_
     reply = app.client().hello(conversation)["history"][-1]
     assert reply["status"] == "stopped" and reply["content"] == "Waiting. " == reply_text(shown + rest)
     assert [s["kind"] for s in reply["meta"]["steps"]] == ["tool_call", "tool_result"]
+
+
+def test_a_socket_that_arrives_mid_tool_gets_each_step_once(start_app, fake, tmp_path):
+    app = start_app("--mcp-config", mcp_config(tmp_path, {"test": []}))
+    fake.queue(
+        Reply(tokens=["One. "], calls=[Call("calculator", {"expression": "1+1"}), Call("test__slow", {"seconds": 2})]),
+        Reply(tokens=["Two."]),
+    )
+    client = app.client()
+    conversation = client.hello()["conversation_id"]
+    client.send("message", content="two tools")
+    while len(steps(client.frames, "tool_result")) < 1:  # the calculator's result is in; test.slow runs
+        client.recv()
+    late = app.client()
+    running = late.hello(conversation)["running"]
+    followed = late.until("turn_end")
+    kinds = [s["kind"] for s in running["steps"]] + [s["kind"] for s in steps(followed)]
+    assert sorted(kinds) == ["tool_call", "tool_call", "tool_result", "tool_result"]
+    assert reply_text(followed) == "Two." and running["content"] == "One. "
 
 
 def test_an_mcp_server_over_streamable_http_with_headers(start_app, fake, tmp_path):
@@ -618,3 +640,37 @@ def test_the_embedded_model_is_offered_no_tools():
     both = WithEmbeddedModel(OpenAIProvider("http://127.0.0.1:9/v1", None, None, 5), embedded)
     assert not embedded.supports_tools(embedded.model_name)
     assert not both.supports_tools(embedded.model_name) and both.supports_tools("fake-model")
+
+
+# ---- replicas -------------------------------------------------------------------------------------
+
+
+def test_a_replica_killed_mid_loop_ends_the_turn_interrupted_on_the_other_within_5_s(
+    another_replica,  # noqa: F811 (the fixture of tests/test_cluster.py)
+    fake,
+    tmp_path,
+):
+    from tests.cluster import sign_in
+    from tests.test_cluster import client
+
+    config = mcp_config(tmp_path, {"test": []})
+    a, b = another_replica("--mcp-config", config), another_replica("--mcp-config", config)
+    cookie = sign_in(a.url)
+    on_a, on_b = client(a.ws_url, cookie), client(b.ws_url, cookie)
+    conversation = on_a.hello()["conversation_id"]
+    on_b.hello(conversation)
+    fake.queue(Reply(tokens=["Looking it up. "], calls=[Call("test__slow", {"seconds": 30})]))
+    on_a.send("message", content="this replica dies while a tool runs")
+    seen = on_b.until("step")  # B follows the turn: its tool is running on A
+    assert seen[-1]["kind"] == "tool_call"
+    os.kill(a.process.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    rest = on_b.until("turn_end", timeout=10)
+    noticed = time.monotonic() - killed
+    assert rest[-1]["status"] == "interrupted"
+    assert noticed < 5, f"noticed after {noticed:.1f} s"
+    reply = client(b.ws_url, cookie).hello(conversation)["history"][-1]
+    assert reply["status"] == "interrupted" and reply["content"] == "Looking it up. " == reply_text(seen + rest)
+    assert [s["kind"] for s in reply["meta"]["steps"]] == ["tool_call"]
+    for socket in (on_a, on_b):
+        socket.close()
