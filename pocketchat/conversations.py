@@ -13,13 +13,16 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pocketchat import errors, protocol
 from pocketchat.errors import NothingToRegenerate, TurnInProgress, UnknownConversation
 from pocketchat.records import ConversationRecord, Message, new_id, possible_id
 from pocketchat.store import Store
 from pocketchat.turn_log import InProcessTurnLog, TurnLog
+
+if TYPE_CHECKING:
+    from pocketchat.tools.client import ClientTools
 
 UNKNOWN = "No conversation has that id; it may have been deleted."
 UNSTORED_KEEP_SECONDS = 600.0
@@ -62,7 +65,7 @@ class Turn:
     # sockets saw it; the turn's record is no longer this replica's to write.
     fenced: bool = False
     error_kind: str | None = None  # what failed the provider, if it failed (for /metrics)
-    client_tools: Any = None  # ClientTools of the socket that started it: the tools its client declared
+    client_tools: "ClientTools | None" = None  # of the socket that started it: the tools its client declared
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set when it has ended, here or elsewhere
 
     def reply_so_far(self) -> Message:

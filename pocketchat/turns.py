@@ -12,6 +12,7 @@ from pocketchat.conversations import Conversation, Turn, TurnIds
 from pocketchat.errors import ProtocolError, Unavailable
 from pocketchat.state import AppState
 from pocketchat.store import Store, save_reply
+from pocketchat.tools.client import ClientTools
 from utils.usage import TurnUsage
 
 logger = logging.getLogger("pocketchat")
@@ -24,7 +25,11 @@ _lingering: set[asyncio.Future[None]] = set()  # steps of turns' ends that outla
 
 
 async def begin_turn(
-    state: AppState, conversation: Conversation, begin: Callable[[TurnIds], Turn], user: str, client_tools: Any = None
+    state: AppState,
+    conversation: Conversation,
+    begin: Callable[[TurnIds], Turn],
+    user: str,
+    client_tools: ClientTools | None = None,
 ) -> None:
     """Claim a turn (the user's limits, and with replicas the conversation cluster-wide), begin it in
     the conversation, and run it; `client_tools` are those the socket that asked declared."""

@@ -3,7 +3,8 @@
 Its tools: `add` (two integers), `shout` (a text, upper-cased, `times` times: a result of any size),
 `slow` (sleeps, and notes its cancellation in the file `--cancelled-file` names), `hang` (never
 returns), `crash` (the process exits), `environment` (a variable of its environment). `--fail-at-start`
-exits before speaking MCP; `--hang-at-start` never answers; `--http PORT` serves streamable HTTP."""
+exits before speaking MCP (saying its TOKEN variable on stderr); `--hang-at-start` never answers;
+`--http PORT` serves streamable HTTP."""
 
 import argparse
 import os
@@ -21,7 +22,7 @@ parser.add_argument("--cancelled-file", type=Path)
 parser.add_argument("--http", type=int)
 options = parser.parse_args()
 if options.fail_at_start:
-    sys.exit("this server fails at start on purpose")
+    sys.exit(f"this server fails at start on purpose (TOKEN={os.environ.get('TOKEN', '')})")  # a secret, said
 if options.hang_at_start:
     time.sleep(3600)
 

@@ -209,9 +209,11 @@ def test_a_server_that_hangs_at_start_or_fails_to_start_is_reported_and_chats_go
     with urllib.request.urlopen(app.url + "/healthz", timeout=5) as answer:  # 200: the app serves all the same
         health = json.loads(answer.read())
     assert health == {"status": "ok", "store": "ok", "tools": "failing"}
+    assert "MCP server hangs failed" in app.logs() and "MCP server fails failed" in app.logs()
+    # What a failing server says on stderr is logged as its own, with the config's secrets redacted.
+    wait_for(lambda: "MCP server fails says: this server fails at start on purpose (TOKEN=[redacted])" in app.logs(), 5)
     for secret in (secret_env, secret_header):
         assert secret not in listed and secret not in app.logs()
-    assert "MCP server hangs failed" in app.logs() and "MCP server fails failed" in app.logs()
     client = app.client()
     client.hello()
     frames = client.turn("hello")

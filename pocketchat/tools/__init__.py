@@ -181,6 +181,9 @@ class ToolBox:
         stopping = asyncio.ensure_future(stop.wait())
         try:
             await asyncio.wait({running, stopping}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            running.cancel()  # the turn itself was cancelled: the call does not outlive it
+            raise
         finally:
             stopping.cancel()
         if not running.done():

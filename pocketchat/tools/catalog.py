@@ -9,6 +9,7 @@ from pocketchat.settings import Settings
 from pocketchat.store import Store
 from pocketchat.tools import BUILTIN, CallContext, Tool, ToolBox
 from pocketchat.tools.builtin import builtin_tools
+from pocketchat.tools.client import ClientTools
 from pocketchat.tools.mcp import McpServers, load_config
 
 START_WAIT_SECONDS = 5.0  # start-up waits this long at most for the MCP servers to list their tools
@@ -40,7 +41,7 @@ class Catalog:
             "sources": [builtin, *(server.describe() for server in self.mcp.servers)],
         }
 
-    def for_turn(self, record: ConversationRecord, turn_id: str, client: Any) -> ToolBox:
+    def for_turn(self, record: ConversationRecord, turn_id: str, client: ClientTools | None) -> ToolBox:
         """A turn's tools: the sources the conversation has not turned off (`tools_off`, read at each
         offer: a change applies from the next step), and those `client` offers (the socket that started
         the turn, if it declared any). The tools that read the user's data read its owner's only."""

@@ -12,12 +12,13 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TextIO
 from urllib.parse import parse_qsl, urlsplit
 
 import httpx2
@@ -193,9 +194,10 @@ class McpServer:
         config = self.config
         if isinstance(config, StdioServer):
             # The server gets the SDK's short default environment (PATH, HOME...) and the file's env:
-            # none of PocketChat's own secrets. Its stderr is PocketChat's.
+            # none of PocketChat's own secrets. What it writes to stderr is logged as its own, redacted.
             parameters = StdioServerParameters(command=config.command, args=config.args, env=config.env, cwd=config.cwd)
-            async with stdio_client(parameters) as streams:
+            async with self._stderr() as errlog, stdio_client(parameters, errlog=errlog) as streams:
+                errlog.close()  # the server has its copy: its exit ends the reading
                 yield streams
             return
         timeout = httpx2.Timeout(self.start_timeout, read=300.0)
@@ -204,6 +206,30 @@ class McpServer:
             streamable_http_client(config.url, http_client=http) as streams,
         ):
             yield streams
+
+    @asynccontextmanager
+    async def _stderr(self) -> AsyncIterator[TextIO]:
+        """A file for the server's stderr, whose lines are logged as its own with its secrets redacted
+        (a server may print its environment when it fails)."""
+        read_end, write_end = os.pipe()
+        reader = asyncio.StreamReader()
+        pipe, _ = await asyncio.get_running_loop().connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_end, "rb", 0)
+        )
+        errlog = os.fdopen(write_end, "w")
+
+        async def log_lines() -> None:
+            while line := await reader.readline():
+                logger.info("MCP server %s says: %s", self.name, self.redact(line.decode(errors="replace").rstrip()))
+
+        logging_task = asyncio.create_task(log_lines())
+        try:
+            yield errlog
+        finally:
+            errlog.close()
+            await asyncio.wait({logging_task}, timeout=1.0)  # its last words, if it is gone
+            logging_task.cancel()
+            pipe.close()
 
     async def _list_tools(self, session: ClientSession) -> None:
         listed: list[types.Tool] = []
