@@ -77,7 +77,8 @@ class Library:
         # PDFs are read one at a time, off the event loop: pure Python, they would hold the loop.
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="read-documents")
         self._sweeping: asyncio.Task[None] | None = None
-        metrics.embedding_model_loaded.set_function(lambda: float(getattr(self.embedder, "loaded", True)))
+        # The local model, in this process's memory: a provider's embeddings load nothing here.
+        metrics.embedding_model_loaded.set_function(lambda: float(getattr(self.embedder, "loaded", False)))
 
     async def start(self) -> None:
         """Documents a stopped process left `indexing` are marked failed: one process alone, all of them

@@ -349,3 +349,20 @@ def test_a_process_killed_while_indexing_leaves_no_document_that_looks_ready(req
     asker = app.client()
     asker.hello(conversation_id)
     assert sources_of(asker.turn("Lanterns?")) == []
+
+
+def test_with_an_embedding_model_named_the_providers_embeddings_are_used_and_no_local_model_loads(start_app, fake):
+    app = start_app("--embedding-model", "fake-embedder", *SEARCHED)
+    client, conversation_id = new_conversation(app)
+    assert upload(app, conversation_id, "report.pdf", text_pdf(REPORT_PAGES))[0] == 201
+    assert upload(app, conversation_id, "garden.md", NOTES.encode())[0] == 201
+    wait_indexed(app, conversation_id, 2)  # too big together to be given whole: searched
+    fake.queue(Reply(tokens=["Eleven kilos [1]."]))
+    sources = sources_of(client.turn("How much honey did the beehive give?"))
+    # The fake's embeddings are hashed words: how well they rank is not the point, that they are used is.
+    assert any("eleven kilos of honey" in source["text"] for source in sources)
+    assert "eleven kilos of honey" in system_prompt(fake)
+    asked = [r["json"] for r in fake.requests if r["path"].endswith("/embeddings")]
+    assert asked and all(request["model"] == "fake-embedder" for request in asked)
+    assert "How much honey did the beehive give?" in asked[-1]["input"]  # the question, embedded there too
+    assert metric(app, "pocketchat_embedding_model_loaded") == 0
