@@ -27,7 +27,8 @@ from typing import Any
 from pocketchat import protocol
 from pocketchat.background import Background
 from pocketchat.cluster.counters import RedisCounters
-from pocketchat.cluster.redis_log import (
+from pocketchat.cluster.produced_log import Copier, ProducedLog
+from pocketchat.cluster.redis_link import (
     ALIVE,
     ENDED_STREAM_MS,
     HEARTBEAT_MS,
@@ -37,9 +38,7 @@ from pocketchat.cluster.redis_log import (
     RENEW_SECONDS,
     TAKEN_OVER,
     VANISHED,
-    Copier,
     Fenced,
-    ProducedLog,
     RedisLink,
     takeover_frames,
 )
