@@ -9,7 +9,8 @@ from fastapi import FastAPI
 
 from pocketchat import protocol
 from pocketchat.background import Background
-from pocketchat.cluster.coordinator import Cluster, SingleProcess
+from pocketchat.cluster.local import LocalCoordinator
+from pocketchat.cluster.replicas import Replicas
 from pocketchat.conversations import Conversation, Hub
 from pocketchat.errors import ProviderError
 from pocketchat.metrics import Metrics
@@ -33,14 +34,14 @@ class AppState:
         self.store = store
         self.provider = provider
         self.hub = Hub(store)
-        self.coordinator: SingleProcess | Cluster = SingleProcess(settings)
+        self.coordinator: LocalCoordinator | Replicas = LocalCoordinator(settings)
         if settings.redis_url is not None:
-            self.coordinator = Cluster(settings, settings.redis_url.get_secret_value(), self.hub, store)
+            self.coordinator = Replicas(settings, settings.redis_url.get_secret_value(), self.hub, store)
             self.hub.coordinator = self.coordinator
         self.limits = self.coordinator.limits  # counted here, or in Redis across replicas
         self.metrics = Metrics(lambda: sum(1 for turn in self.hub.running_turns if turn.task is not None))
         store.timing = self.metrics.store_writes.observe
-        if isinstance(self.coordinator, Cluster):
+        if isinstance(self.coordinator, Replicas):
             self.coordinator.on_lag = self.metrics.log_lag.observe
         self.sign_in = SignIn(settings, store, self.limits)
         self.default_model = settings.model

@@ -1,1 +1,1 @@
-"""Replicas: one coordinator for one process or for several, through Redis."""
+"""Replicas: one coordinator for one process (`local.py`) or for several, through Redis (`replicas.py`)."""

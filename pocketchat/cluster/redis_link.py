@@ -7,7 +7,12 @@ Keys, under the prefix of one deployment:
   is `k-0`), one field `f` holding the frame as sent. It expires a while after the turn ends.
 - `lease:<conversation_id>`: who runs the conversation's turn, `<turn_id> <reply_id> <replica>`.
   Taking it (with the user's limits, `counters.py`) is the arbiter of "one running turn per
-  conversation"; the producer renews it.
+  conversation"; the producer renews it. While the conversation is deleted: `deleting <replica>`.
+- `last:<conversation_id>`: the conversation's last turn, `<turn_id> <reply_id>`, kept as long as an
+  ended turn's stream: a replica that loads the conversation before the turn's final save lands
+  reads the turn there.
+- `new:<conversation_id>`: a new conversation not stored yet (it has no message), as JSON, so that
+  any replica can open it.
 - `replica:<id>`: a replica's heartbeat, set every second by a thread of its own (so that a busy
   event loop does not look like a dead process); it expires three seconds after the replica dies,
   and then the replica's turns are ended by another.
@@ -231,6 +236,12 @@ class RedisLink:
 
     def heartbeat_key(self, replica: str) -> str:
         return f"{self.prefix}replica:{replica}"
+
+    def last_turn_key(self, conversation_id: str) -> str:
+        return f"{self.prefix}last:{conversation_id}"
+
+    def new_conversation_key(self, conversation_id: str) -> str:
+        return f"{self.prefix}new:{conversation_id}"
 
     def frozen_since(self, moment: float) -> bool:
         """Whether this process was frozen (SIGSTOP, a VM pause) at some time after `moment`: its clock
