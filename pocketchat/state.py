@@ -9,8 +9,7 @@ from fastapi import FastAPI
 
 from pocketchat import protocol
 from pocketchat.background import Background
-from pocketchat.cluster.local import LocalCoordinator
-from pocketchat.cluster.replicas import Replicas
+from pocketchat.cluster import Coordinator, make_coordinator
 from pocketchat.conversations import Conversation, Hub
 from pocketchat.errors import ProviderError
 from pocketchat.metrics import Metrics
@@ -34,15 +33,12 @@ class AppState:
         self.store = store
         self.provider = provider
         self.hub = Hub(store)
-        self.coordinator: LocalCoordinator | Replicas = LocalCoordinator(settings)
-        if settings.redis_url is not None:
-            self.coordinator = Replicas(settings, settings.redis_url.get_secret_value(), self.hub, store)
-            self.hub.coordinator = self.coordinator
+        self.coordinator: Coordinator = make_coordinator(settings, self.hub, store)
+        self.hub.coordinator = self.coordinator  # asked for turn logs, and of conversations elsewhere
         self.limits = self.coordinator.limits  # counted here, or in Redis across replicas
         self.metrics = Metrics(lambda: sum(1 for turn in self.hub.running_turns if turn.task is not None))
         store.timing = self.metrics.store_writes.observe
-        if isinstance(self.coordinator, Replicas):
-            self.coordinator.on_lag = self.metrics.log_lag.observe
+        self.coordinator.on_lag = self.metrics.log_lag.observe
         self.sign_in = SignIn(settings, store, self.limits)
         self.default_model = settings.model
         self._resolving: asyncio.Task[None] | None = None

@@ -1,25 +1,23 @@
 """One process (no `--redis-url`): every turn runs here, and there is nobody to tell anything."""
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 
-from pocketchat.conversations import Conversation, Turn, TurnIds
+from pocketchat.conversations import Conversation, NoOtherReplicas, Turn, TurnIds
 from pocketchat.limits import Limits, LocalCounters, Taken
-from pocketchat.records import ConversationRecord
 from pocketchat.settings import Settings
-from pocketchat.turn_log import InProcessTurnLog, TurnLog
 
 
-class LocalCoordinator:
-    """One process: every turn is local, and there is nobody to tell anything."""
+class LocalCoordinator(NoOtherReplicas):
+    """The coordinator of a process that has no replicas: the hub's part (`NoOtherReplicas`: every
+    turn's log is in memory, no conversation is anywhere else), the user's limits counted here, and
+    nothing to tell another replica."""
 
     failure: str | None = None
     stopped: str | None = None
+    on_lag: Callable[[float], None] | None = None  # never told: nothing is read from another replica
 
     def __init__(self, settings: Settings) -> None:
         self.limits = Limits(settings, LocalCounters())
-
-    def new_log(self, turn_id: str) -> TurnLog:
-        return InProcessTurnLog(turn_id)
 
     async def claim(self, conversation: Conversation, ids: TurnIds, user: str) -> Taken:
         # The user's limits only: the conversation itself refuses a second turn.
@@ -39,18 +37,6 @@ class LocalCoordinator:
 
     def stop_unseen(self, conversation: Conversation, turn_id: str) -> None:
         return None  # every turn is here: one this process has not seen has ended, or never was
-
-    async def adopt(self, conversation: Conversation) -> None:
-        return None
-
-    async def remember_new(self, record: ConversationRecord) -> None:
-        return None
-
-    def refresh_new(self, record: ConversationRecord) -> None:
-        return None
-
-    async def find_new(self, conversation_id: str) -> ConversationRecord | None:
-        return None
 
     def changed(self, conversation: Conversation, names: Collection[str]) -> None:
         return None
