@@ -203,9 +203,10 @@ def _same(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
     return all(a is b for a, b in zip(old, new, strict=True))
 
 
-class Coordinator(Protocol):
-    """What the hub needs of the replicas' coordinator (`pocketchat/cluster/`): the log a turn gets, and to
-    follow a turn that runs elsewhere when it loads a conversation."""
+class HubCoordinator(Protocol):
+    """What the hub asks of the app's coordinator (`pocketchat/cluster/`, whose `Coordinator` is this and
+    more): the log a turn gets, to follow a turn that runs elsewhere when it loads a conversation, and
+    to find new conversations made on other replicas."""
 
     def new_log(self, turn_id: str) -> TurnLog: ...
 
@@ -221,14 +222,36 @@ class Coordinator(Protocol):
     async def find_new(self, conversation_id: str) -> ConversationRecord | None: ...
 
 
+class NoOtherReplicas:
+    """The hub's coordinator in one process (`pocketchat/cluster/local.py` is this and the rest of the
+    coordinator): every turn's log is in memory here, and no conversation is anywhere else."""
+
+    def new_log(self, turn_id: str) -> TurnLog:
+        return InProcessTurnLog(turn_id)
+
+    async def adopt(self, conversation: "Conversation") -> None:
+        return None
+
+    async def remember_new(self, record: ConversationRecord) -> None:
+        return None
+
+    def refresh_new(self, record: ConversationRecord) -> None:
+        return None
+
+    async def find_new(self, conversation_id: str) -> ConversationRecord | None:
+        return None
+
+
 class Hub:
     """Finds a conversation in memory or loads it from the store, so that every socket shares one copy."""
 
-    def __init__(self, store: Store, coordinator: Coordinator | None = None) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         # A conversation kept in memory for its refused writes is let go once they land.
         store.on_written = self._written
-        self.coordinator = coordinator
+        # Until the app gives it the app's coordinator (`AppState`), made after the hub: the replicas'
+        # one needs the hub.
+        self.coordinator: HubCoordinator = NoOtherReplicas()
         self._live: dict[str, Conversation] = {}
         self._loading: dict[str, asyncio.Future[Conversation | None]] = {}
         # New conversations that no socket holds, with when they are let go, the soonest first.
@@ -243,7 +266,7 @@ class Hub:
             self.release(conversation)
 
     def _new_log(self, turn_id: str) -> TurnLog:
-        return self.coordinator.new_log(turn_id) if self.coordinator else InProcessTurnLog(turn_id)
+        return self.coordinator.new_log(turn_id)  # the coordinator's now, whenever the conversation was made
 
     def live(self, conversation_id: str) -> Conversation | None:
         """The conversation if it is in memory now."""
@@ -265,8 +288,7 @@ class Hub:
     async def share(self, conversation: Conversation) -> None:
         """Let the other replicas find a new conversation. Its id must not go out before: a page that
         has it may open it through any replica at once (a second tab, a reconnect)."""
-        if self.coordinator is not None:
-            await self.coordinator.remember_new(conversation.record)
+        await self.coordinator.remember_new(conversation.record)
 
     def open_turn(self, conversation: Conversation, turn: Turn) -> asyncio.Future[None]:
         """Queue the writes that start a turn (and store a new conversation with it)."""
@@ -306,15 +328,14 @@ class Hub:
             stored = loaded is not None
             if loaded is None:
                 # Made on another replica and not stored yet (no message so far)?
-                record = await self.coordinator.find_new(conversation_id) if self.coordinator else None
+                record = await self.coordinator.find_new(conversation_id)
                 if record is None:
                     return None
                 loaded = record, []  # its first turn may have started there, its rows not landed yet
             record, history = loaded
             conversation = Conversation(record, history, stored=stored, new_log=self._new_log)
-            if self.coordinator is not None:
-                # Its turn may run on another replica, or have ended there since the store was read.
-                await self.coordinator.adopt(conversation)
+            # Its turn may run on another replica, or have ended there since the store was read.
+            await self.coordinator.adopt(conversation)
             for message in conversation.history:
                 # Not running, here or elsewhere (a mirrored turn's reply joins the history at its end):
                 # whatever cut it short, it was interrupted.
@@ -349,8 +370,7 @@ class Hub:
             return
         self._unstored[conversation.id] = time.monotonic() + UNSTORED_KEEP_SECONDS
         self._unstored.move_to_end(conversation.id)
-        if self.coordinator is not None:
-            self.coordinator.refresh_new(conversation.record)  # ten minutes from now, there too
+        self.coordinator.refresh_new(conversation.record)  # ten minutes from now, there too
         self._let_go_of_old_unstored()
 
     def _idle(self, conversation: Conversation) -> bool:
