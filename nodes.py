@@ -280,9 +280,11 @@ class SaveReply(AsyncNode):
 
     async def post_async(self, shared: dict[str, Any], turn: Turn, _: None) -> None:
         conversation: Conversation = shared["conversation"]
+        if turn.failure is not None:
+            return  # it lost Redis, or was taken over: run_turn records it as failed (or as taken over)
         # With replicas, another replica may have ended this turn while this one was paused, and stored
         # it as its sockets saw it: then this replica keeps that, and writes nothing over it.
-        if not await shared["log"].confirm() or turn.fenced:
+        if not await shared["log"].confirm():
             conversation.history.append(turn.reply_taken_over())
             return
         reply = turn.reply_so_far()

@@ -122,8 +122,8 @@ async def fail_turn(
 ) -> None:
     """Record a turn cut short, keeping what streamed, and tell the client: `kind` says by what (by
     default a bug in PocketChat; `Unavailable` for Redis lost)."""
-    if turn.fenced:
-        # Another replica ended it and stored it; its log here already ends as it does there.
+    if not await turn.log.confirm():
+        # Another replica took it over and stored it; its log here already ends as it does there.
         if not any(message is turn.reply for message in conversation.history):
             conversation.history.append(turn.reply_taken_over())
         return
