@@ -3,6 +3,7 @@ model that sees them as OpenAI image parts (the fake provider records them), ref
 one that does not; stored with the message and shown back in the history; every storage rule in one
 process on SQLite and in a replica on PostgreSQL and Redis."""
 
+import asyncio
 import base64
 import io
 import json
@@ -15,10 +16,12 @@ from PIL import Image
 
 from pocketchat.providers import WithEmbeddedModel, sees_images
 from pocketchat.providers.openai_compatible import OpenAIProvider
+from pocketchat.records import ConversationRecord, ImageRecord, Message
 from pocketchat.settings import VISION_MODELS
 from tests.conftest import MODES, AppProcess, ChatClient
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.test_documents import call, multipart, new_conversation, post_chunked, rows
+from tests.test_store import opened, store  # noqa: F401 (a fixture)
 from utils.read_image import UnreadableImage, read_image
 
 both = pytest.mark.parametrize("mode", MODES, indirect=True)
@@ -393,3 +396,25 @@ def test_the_default_vision_models_are_the_known_ones_and_the_embedded_model_nev
         kind = "local"
 
     assert not sees_images(Local(), "llava", ["*"])  # type: ignore[arg-type]
+
+
+def test_an_image_is_made_one_messages_and_never_taken_by_another(store):  # noqa: F811 (the fixture)
+    """Two messages naming the same waiting image (the second checked before the first's write landed, with
+    a stalled database): the first keeps it; an edit writing the first again keeps it too."""
+
+    async def run() -> tuple[list[str | None], list[str]]:
+        async with opened(store) as db:
+            record = ConversationRecord(model="fake-model", system_prompt="")
+            await db.create_conversation(record)
+            image = ImageRecord(record.id, record.owner, "a.png", "image/png", len(PNG), 48, 32)
+            await db.add_image(image, PNG)
+            owners = []
+            for message_id in ("first", "second", "first"):
+                await db.attach_images(record.id, message_id, [image.id])
+                found = await db.image(record.id, image.id, record.owner)
+                owners.append(found[0].message_id if found else None)
+            await db.save_messages(record.id, [Message("user", "one", id="first"), Message("user", "two", id="second")])
+            _, messages = await db.load(record.id) or (None, [])
+            return owners, [m.id for m in messages if m.images]
+
+    assert asyncio.run(run()) == (["first", "first", "first"], ["first"])

@@ -689,7 +689,11 @@ class PostgresStore(QueuedStore[_WriteConnection]):
         return self._write(lambda db: db.execute(query, *row), image.conversation_id, retry=False)
 
     def attach_images(self, conversation_id: str, message_id: str, image_ids: list[str]) -> asyncio.Future[Any]:
-        query = "UPDATE images SET message_id = $1 WHERE conversation_id = $2 AND id = ANY($3::text[])"
+        # Only waiting ones (or the message's own, written again by an edit): never another message's.
+        query = (
+            "UPDATE images SET message_id = $1 WHERE conversation_id = $2 AND id = ANY($3::text[])"
+            " AND (message_id IS NULL OR message_id = $1)"
+        )
         return self._write(lambda db: db.execute(query, message_id, conversation_id, image_ids), conversation_id)
 
     def delete_image(self, conversation_id: str, image_id: str) -> asyncio.Future[bool]:

@@ -535,8 +535,10 @@ class SqliteStore(QueuedStore[_WriteConnection]):
 
     def attach_images(self, conversation_id: str, message_id: str, image_ids: list[str]) -> asyncio.Future[Any]:
         marks = ",".join("?" * len(image_ids))
+        # Only waiting ones (or the message's own, written again by an edit): never another message's.
         query = f"UPDATE images SET message_id = ? WHERE conversation_id = ? AND id IN ({marks})"
-        row = (message_id, conversation_id, *image_ids)
+        query += " AND (message_id IS NULL OR message_id = ?)"
+        row = (message_id, conversation_id, *image_ids, message_id)
         return self._write(lambda db: db.execute(query, row), conversation_id)
 
     def delete_image(self, conversation_id: str, image_id: str) -> asyncio.Future[bool]:
