@@ -12,6 +12,7 @@ from nodes import (
     BuildPrompt,
     ChunkDocument,
     EmbedChunks,
+    ReadImages,
     RetrieveDocuments,
     SaveReply,
     StoreChunks,
@@ -22,14 +23,15 @@ from pocketchat.settings import Settings
 
 
 def create_chat_flow(settings: Settings) -> AsyncFlow:
-    """One chat turn: name the conversation, find the passages of its documents, build the prompt, stream
-    the reply, record it."""
+    """One chat turn: name the conversation, find the passages of its documents, read the images a model
+    that sees them gets, build the prompt, stream the reply, record it."""
     title = TitleConversation()
     retrieve = RetrieveDocuments()
+    images = ReadImages()
     prompt = BuildPrompt()
     chat = StreamChat(max_retries=settings.retries, wait=settings.retry_wait)
     save = SaveReply()
-    title >> retrieve >> prompt >> chat
+    title >> retrieve >> images >> prompt >> chat
     # StreamChat says how the reply ended; a node for complete replies only goes on the first line.
     chat - "complete" >> save
     chat - "stopped" >> save

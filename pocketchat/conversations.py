@@ -17,7 +17,7 @@ from typing import Any, Protocol
 
 from pocketchat import errors, protocol
 from pocketchat.errors import NothingToRegenerate, TurnInProgress, UnknownConversation
-from pocketchat.records import ConversationRecord, Message, new_id, possible_id
+from pocketchat.records import ConversationRecord, ImageRecord, Message, new_id, possible_id
 from pocketchat.store import Store
 from pocketchat.turn_log import InProcessTurnLog, TurnLog
 
@@ -127,7 +127,7 @@ class Conversation:
         # What each message's wire form is made of. Messages have their fields replaced, never changed
         # in place (a reply's text and meta are set anew when it ends), so comparing by identity tells
         # whether any of them changed; a new list of the same messages is the same history.
-        parts = [(m, m.id, m.role, m.content, m.status, m.reasoning, m.error, m.meta) for m in messages]
+        parts = [(m, m.id, m.role, m.content, m.status, m.reasoning, m.error, m.meta, m.images) for m in messages]
         cached = self._encoded_history
         if cached is not None and len(cached[0]) == len(parts) and all(map(_same, cached[0], parts)):
             return cached[1]
@@ -161,9 +161,11 @@ class Conversation:
             subscriber.follow(log, 0)
         return turn
 
-    def begin_message(self, content: str, ids: "TurnIds | None" = None) -> Turn:
-        """Start a turn for a new user message."""
-        return self._begin(Message(role="user", content=content), [], ids or TurnIds())
+    def begin_message(
+        self, content: str, images: list[ImageRecord] | None = None, ids: "TurnIds | None" = None
+    ) -> Turn:
+        """Start a turn for a new user message (with the images it carries, waiting in this conversation)."""
+        return self._begin(Message(role="user", content=content, images=images or []), [], ids or TurnIds())
 
     def begin_regenerate(self, ids: "TurnIds | None" = None) -> Turn:
         """Start a turn that answers the last user message again, replacing the replies after it."""
@@ -175,9 +177,14 @@ class Conversation:
         last_user = self._last_user_index()
         if self.history[last_user].id != message_id:
             raise errors.BadFrame("Only the last user message can be edited.")
-        # Same id: clients replace the message they have with this one and drop the replies after it.
-        edited = Message(role="user", content=content, id=message_id)
+        # Same id: clients replace the message they have with this one and drop the replies after it. Its
+        # images stay with it.
+        edited = Message(role="user", content=content, id=message_id, images=self.history[last_user].images)
         return self._begin(edited, self.history[last_user:], ids or TurnIds())
+
+    def last_user_images(self) -> list[ImageRecord]:
+        """The images of the last user message (the one a regenerate or an edit answers again)."""
+        return next((m.images for m in reversed(self.history) if m.role == "user"), [])
 
     def _last_user_index(self) -> int:
         if self.turn is not None:
@@ -295,7 +302,12 @@ class Hub:
         new = None if conversation.stored else conversation.record
         conversation.stored = True
         replaced = [m.id for m in turn.replaced]
-        return self.store.open_turn(conversation.id, new, [turn.user_message, turn.reply], replaced)
+        opened = self.store.open_turn(conversation.id, new, [turn.user_message, turn.reply], replaced)
+        if images := [image.id for image in turn.user_message.images]:
+            # Queued right behind it (the queue keeps a conversation's writes in order): the images are
+            # the message's from then on, and no longer wait for the next one.
+            self.store.attach_images(conversation.id, turn.user_message.id, images)
+        return opened
 
     async def ensure_stored(self, conversation: Conversation) -> None:
         if not conversation.stored:

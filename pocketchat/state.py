@@ -13,6 +13,7 @@ from pocketchat.cluster import Coordinator, make_coordinator
 from pocketchat.conversations import Conversation, Hub
 from pocketchat.documents import Library
 from pocketchat.errors import ProviderError
+from pocketchat.images import Images
 from pocketchat.metrics import Metrics
 from pocketchat.settings import Settings
 from pocketchat.store import Store
@@ -41,6 +42,7 @@ class AppState:
         store.timing = self.metrics.store_writes.observe
         self.documents = Library(settings, store, provider, self.metrics)
         self.documents.tell = self.tell_documents
+        self.images = Images(settings, store, provider)
         self.coordinator.on_lag = self.metrics.log_lag.observe
         self.sign_in = SignIn(settings, store, self.limits)
         self.default_model = settings.model
@@ -147,6 +149,7 @@ class AppState:
             turn.stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.documents.aclose()
+        self.images.close()
         await self.provider.aclose()
         await self.coordinator.aclose()
         await self.store.close()

@@ -47,6 +47,7 @@ def new_shared(state: AppState, conversation: Conversation, turn: Turn) -> dict[
         "store": state.store,  # Store: the database
         "documents": state.documents,  # Library: the conversation's documents' embedding model and vectors
         "context": [],  # list[Snippet]: what earlier nodes found for the prompt, with their sources
+        "images": {},  # dict[str, str]: the images ReadImages read for the prompt, data URLs by id
         "prompt": None,  # list[dict]: the messages BuildPrompt made, which StreamChat sends
     }
 

@@ -59,6 +59,10 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "limit_document_bytes": ("1000001", "1000002"),
     "limit_documents_per_conversation": ("15", "16"),
     "limit_document_bytes_per_user": ("3000001", "3000002"),
+    "vision_models": ("model-one-*", "model-two-*,*-vl"),
+    "limit_image_bytes": ("1000003", "1000004"),
+    "limit_images_per_message": ("7", "8"),
+    "limit_image_bytes_per_user": ("3000003", "3000004"),
 }
 SETTINGS = list(Settings.model_fields)
 DOCUMENTED_OPENAI = {"base_url": "OPENAI_BASE_URL", "api_key": "OPENAI_API_KEY"}

@@ -127,7 +127,7 @@ class Mirrors:
         kind = frame["type"]
         if kind == "turn_start":
             # As a client does with turn_start: the message replaces its namesake and what follows.
-            turn.user_message = Message(**{k: frame["message"][k] for k in ("id", "role", "content", "status")})
+            turn.user_message = Message.from_wire(frame["message"], conversation.id, conversation.record.owner)
             turn.user_message.turn_id = turn.id
             history = [m for m in conversation.history if m.turn_id != turn.id]
             ids = [m.id for m in history]
