@@ -12,6 +12,7 @@ from nodes import (
     BuildPrompt,
     ChunkDocument,
     EmbedChunks,
+    ReadImages,
     RetrieveDocuments,
     RunTools,
     SaveReply,
@@ -23,16 +24,17 @@ from pocketchat.settings import Settings
 
 
 def create_chat_flow(settings: Settings) -> AsyncFlow:
-    """One chat turn: name the conversation, find the passages of its documents, build the prompt, stream
-    the reply (with tool calls run in a loop, PocketFlow's agent: the model decides, the tools act, back
-    to the model), record it."""
+    """One chat turn: name the conversation, find the passages of its documents, read the images a model
+    that sees them gets, build the prompt, stream the reply (with tool calls run in a loop, PocketFlow's
+    agent: the model decides, the tools act, back to the model), record it."""
     title = TitleConversation()
     retrieve = RetrieveDocuments()
+    images = ReadImages()
     prompt = BuildPrompt()
     chat = StreamChat(max_retries=settings.retries, wait=settings.retry_wait)
     run_tools = RunTools()
     save = SaveReply()
-    title >> retrieve >> prompt >> chat
+    title >> retrieve >> images >> prompt >> chat
     # The model asked for tools: run them, and back to it with their results (--max-tool-steps rounds).
     chat - "tools" >> run_tools
     run_tools >> chat

@@ -17,6 +17,7 @@ from pocketflow import AsyncNode, AsyncParallelBatchNode
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn
 from pocketchat.errors import ProviderError, StorageError
+from pocketchat.providers import sees_images
 from pocketchat.records import DocumentRecord, Message, Passage, Status
 from pocketchat.store import Store, save_reply
 from pocketchat.tools import CallOutcome, ToolBox, arguments_of
@@ -24,7 +25,7 @@ from pocketchat.turn_log import TurnLog
 from utils.chunking import Chunk, chunk_pages
 from utils.embeddings import Embedder, to_bytes
 from utils.llm_stream import ChatProvider, StreamResult, ToolCall, stream_llm
-from utils.prompt import Snippet, build_prompt
+from utils.prompt import PromptMessage, Snippet, build_prompt, data_url, images_to_send
 from utils.read_document import Page
 from utils.retrieval import VectorCache, retrieve
 from utils.usage import TurnUsage
@@ -41,6 +42,8 @@ class TitleConversation(AsyncNode):
         if first_message is None:
             return None
         line = " ".join(first_message.split())
+        if not line:
+            return None  # images alone: the next message with text names it
         return line if len(line) <= 60 else line[:59].rstrip() + "…"
 
     async def post_async(self, shared: dict[str, Any], first_message: str | None, title: str | None) -> None:
@@ -134,16 +137,51 @@ PASSAGE_TOKENS = 175  # a passage is at most about 700 characters (utils/chunkin
 
 
 @dataclass
+class ImagesRequest:
+    store: Store
+    owner: str
+    sees: bool  # whether the conversation's model takes images
+    history: list[Message]
+    budget: int
+
+
+class ReadImages(AsyncNode):
+    """For a model that can see images, read the images of recent user messages (all of the user's new
+    message; older ones while they fit their share of the context budget) into `shared["images"]` as
+    data URLs, for BuildPrompt to send as image parts. A text-only model gets none: nothing is read."""
+
+    async def prep_async(self, shared: dict[str, Any]) -> ImagesRequest:
+        conversation: Conversation = shared["conversation"]
+        settings = shared["settings"]
+        sees = sees_images(shared["provider"], conversation.record.model, settings.vision_models)
+        return ImagesRequest(
+            shared["store"], conversation.record.owner, sees, conversation.history, settings.context_budget
+        )
+
+    async def exec_async(self, request: ImagesRequest) -> dict[str, str]:
+        ids = images_to_send(request.history, request.budget) if request.sees else []
+        if not ids:
+            return {}
+        found = await request.store.image_data(request.owner, ids)
+        return {image_id: data_url(*found[image_id]) for image_id in ids if image_id in found}
+
+    async def post_async(self, shared: dict[str, Any], request: ImagesRequest, images: dict[str, str]) -> None:
+        shared["images"] = images
+
+
+@dataclass
 class PromptInputs:
     system_prompt: str
     history: list[Message]
     context: list[Snippet]
     budget: int
+    images: dict[str, str]
 
 
 class BuildPrompt(AsyncNode):
     """Shape what the model reads: the system prompt, what earlier nodes put in `shared["context"]`
-    (numbered, with their sources, for the reply to cite), and as much recent history as fits."""
+    (numbered, with their sources, for the reply to cite), and as much recent history as fits, with the
+    images ReadImages read."""
 
     async def prep_async(self, shared: dict[str, Any]) -> PromptInputs:
         conversation: Conversation = shared["conversation"]
@@ -152,19 +190,20 @@ class BuildPrompt(AsyncNode):
             conversation.history,
             shared["context"],
             shared["settings"].context_budget,
+            shared["images"],
         )
 
-    async def exec_async(self, inputs: PromptInputs) -> list[dict[str, str]]:
-        return build_prompt(inputs.system_prompt, inputs.history, inputs.budget, inputs.context)
+    async def exec_async(self, inputs: PromptInputs) -> list[PromptMessage]:
+        return build_prompt(inputs.system_prompt, inputs.history, inputs.budget, inputs.context, inputs.images)
 
-    async def post_async(self, shared: dict[str, Any], inputs: PromptInputs, prompt: list[dict[str, str]]) -> None:
+    async def post_async(self, shared: dict[str, Any], inputs: PromptInputs, prompt: list[PromptMessage]) -> None:
         shared["prompt"] = prompt
 
 
 @dataclass
 class ChatRequest:
     provider: ChatProvider
-    messages: list[dict[str, Any]]
+    messages: list[PromptMessage]
     model: str
     max_tokens: int | None
     log: TurnLog
@@ -328,9 +367,11 @@ class SaveReply(AsyncNode):
 
     async def post_async(self, shared: dict[str, Any], turn: Turn, _: None) -> None:
         conversation: Conversation = shared["conversation"]
+        if turn.failure is not None:
+            return  # it lost Redis, or was taken over: run_turn records it as failed (or as taken over)
         # With replicas, another replica may have ended this turn while this one was paused, and stored
         # it as its sockets saw it: then this replica keeps that, and writes nothing over it.
-        if not await shared["log"].confirm() or turn.fenced:
+        if not await shared["log"].confirm():
             conversation.history.append(turn.reply_taken_over())
             return
         reply = turn.reply_so_far()

@@ -35,7 +35,8 @@ import uvloop
 import websockets
 
 from bench.load import EXPECTED, PACE_MS, TOKENS, Run, summarize
-from pocketchat.cluster.redis_log import Copier, ProducedLog, RedisLink
+from pocketchat.cluster.produced_log import Copier, ProducedLog
+from pocketchat.cluster.redis_link import RedisLink
 from tests.cluster import TOKEN, Nginx, sign_in, start_replica
 from tests.conftest import ROOT, AppProcess
 from tests.services import REDIS_URL, free_port, fresh_database, fresh_redis_prefix

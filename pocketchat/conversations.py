@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from pocketchat import errors, protocol
 from pocketchat.errors import NothingToRegenerate, TurnInProgress, UnknownConversation
-from pocketchat.records import ConversationRecord, Message, new_id, possible_id
+from pocketchat.records import ConversationRecord, ImageRecord, Message, new_id, possible_id
 from pocketchat.store import Store
 from pocketchat.turn_log import InProcessTurnLog, TurnLog
 
@@ -131,7 +131,7 @@ class Conversation:
         # What each message's wire form is made of. Messages have their fields replaced, never changed
         # in place (a reply's text and meta are set anew when it ends), so comparing by identity tells
         # whether any of them changed; a new list of the same messages is the same history.
-        parts = [(m, m.id, m.role, m.content, m.status, m.reasoning, m.error, m.meta) for m in messages]
+        parts = [(m, m.id, m.role, m.content, m.status, m.reasoning, m.error, m.meta, m.images) for m in messages]
         cached = self._encoded_history
         if cached is not None and len(cached[0]) == len(parts) and all(map(_same, cached[0], parts)):
             return cached[1]
@@ -165,9 +165,11 @@ class Conversation:
             subscriber.follow(log, 0)
         return turn
 
-    def begin_message(self, content: str, ids: "TurnIds | None" = None) -> Turn:
-        """Start a turn for a new user message."""
-        return self._begin(Message(role="user", content=content), [], ids or TurnIds())
+    def begin_message(
+        self, content: str, images: list[ImageRecord] | None = None, ids: "TurnIds | None" = None
+    ) -> Turn:
+        """Start a turn for a new user message (with the images it carries, waiting in this conversation)."""
+        return self._begin(Message(role="user", content=content, images=images or []), [], ids or TurnIds())
 
     def begin_regenerate(self, ids: "TurnIds | None" = None) -> Turn:
         """Start a turn that answers the last user message again, replacing the replies after it."""
@@ -179,9 +181,14 @@ class Conversation:
         last_user = self._last_user_index()
         if self.history[last_user].id != message_id:
             raise errors.BadFrame("Only the last user message can be edited.")
-        # Same id: clients replace the message they have with this one and drop the replies after it.
-        edited = Message(role="user", content=content, id=message_id)
+        # Same id: clients replace the message they have with this one and drop the replies after it. Its
+        # images stay with it.
+        edited = Message(role="user", content=content, id=message_id, images=self.history[last_user].images)
         return self._begin(edited, self.history[last_user:], ids or TurnIds())
+
+    def last_user_images(self) -> list[ImageRecord]:
+        """The images of the last user message (the one a regenerate or an edit answers again)."""
+        return next((m.images for m in reversed(self.history) if m.role == "user"), [])
 
     def _last_user_index(self) -> int:
         if self.turn is not None:
@@ -207,9 +214,10 @@ def _same(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
     return all(a is b for a, b in zip(old, new, strict=True))
 
 
-class Coordinator(Protocol):
-    """What the hub needs of the replicas' coordinator (`pocketchat/cluster/`): the log a turn gets, and to
-    follow a turn that runs elsewhere when it loads a conversation."""
+class HubCoordinator(Protocol):
+    """What the hub asks of the app's coordinator (`pocketchat/cluster/`, whose `Coordinator` is this and
+    more): the log a turn gets, to follow a turn that runs elsewhere when it loads a conversation, and
+    to find new conversations made on other replicas."""
 
     def new_log(self, turn_id: str) -> TurnLog: ...
 
@@ -225,14 +233,36 @@ class Coordinator(Protocol):
     async def find_new(self, conversation_id: str) -> ConversationRecord | None: ...
 
 
+class NoOtherReplicas:
+    """The hub's coordinator in one process (`pocketchat/cluster/local.py` is this and the rest of the
+    coordinator): every turn's log is in memory here, and no conversation is anywhere else."""
+
+    def new_log(self, turn_id: str) -> TurnLog:
+        return InProcessTurnLog(turn_id)
+
+    async def adopt(self, conversation: "Conversation") -> None:
+        return None
+
+    async def remember_new(self, record: ConversationRecord) -> None:
+        return None
+
+    def refresh_new(self, record: ConversationRecord) -> None:
+        return None
+
+    async def find_new(self, conversation_id: str) -> ConversationRecord | None:
+        return None
+
+
 class Hub:
     """Finds a conversation in memory or loads it from the store, so that every socket shares one copy."""
 
-    def __init__(self, store: Store, coordinator: Coordinator | None = None) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         # A conversation kept in memory for its refused writes is let go once they land.
         store.on_written = self._written
-        self.coordinator = coordinator
+        # Until the app gives it the app's coordinator (`AppState`), made after the hub: the replicas'
+        # one needs the hub.
+        self.coordinator: HubCoordinator = NoOtherReplicas()
         self._live: dict[str, Conversation] = {}
         self._loading: dict[str, asyncio.Future[Conversation | None]] = {}
         # New conversations that no socket holds, with when they are let go, the soonest first.
@@ -247,7 +277,7 @@ class Hub:
             self.release(conversation)
 
     def _new_log(self, turn_id: str) -> TurnLog:
-        return self.coordinator.new_log(turn_id) if self.coordinator else InProcessTurnLog(turn_id)
+        return self.coordinator.new_log(turn_id)  # the coordinator's now, whenever the conversation was made
 
     def live(self, conversation_id: str) -> Conversation | None:
         """The conversation if it is in memory now."""
@@ -269,15 +299,19 @@ class Hub:
     async def share(self, conversation: Conversation) -> None:
         """Let the other replicas find a new conversation. Its id must not go out before: a page that
         has it may open it through any replica at once (a second tab, a reconnect)."""
-        if self.coordinator is not None:
-            await self.coordinator.remember_new(conversation.record)
+        await self.coordinator.remember_new(conversation.record)
 
     def open_turn(self, conversation: Conversation, turn: Turn) -> asyncio.Future[None]:
         """Queue the writes that start a turn (and store a new conversation with it)."""
         new = None if conversation.stored else conversation.record
         conversation.stored = True
         replaced = [m.id for m in turn.replaced]
-        return self.store.open_turn(conversation.id, new, [turn.user_message, turn.reply], replaced)
+        opened = self.store.open_turn(conversation.id, new, [turn.user_message, turn.reply], replaced)
+        if images := [image.id for image in turn.user_message.images]:
+            # Queued right behind it (the queue keeps a conversation's writes in order): the images are
+            # the message's from then on, and no longer wait for the next one.
+            self.store.attach_images(conversation.id, turn.user_message.id, images)
+        return opened
 
     async def ensure_stored(self, conversation: Conversation) -> None:
         if not conversation.stored:
@@ -310,15 +344,14 @@ class Hub:
             stored = loaded is not None
             if loaded is None:
                 # Made on another replica and not stored yet (no message so far)?
-                record = await self.coordinator.find_new(conversation_id) if self.coordinator else None
+                record = await self.coordinator.find_new(conversation_id)
                 if record is None:
                     return None
                 loaded = record, []  # its first turn may have started there, its rows not landed yet
             record, history = loaded
             conversation = Conversation(record, history, stored=stored, new_log=self._new_log)
-            if self.coordinator is not None:
-                # Its turn may run on another replica, or have ended there since the store was read.
-                await self.coordinator.adopt(conversation)
+            # Its turn may run on another replica, or have ended there since the store was read.
+            await self.coordinator.adopt(conversation)
             for message in conversation.history:
                 # Not running, here or elsewhere (a mirrored turn's reply joins the history at its end):
                 # whatever cut it short, it was interrupted.
@@ -353,8 +386,7 @@ class Hub:
             return
         self._unstored[conversation.id] = time.monotonic() + UNSTORED_KEEP_SECONDS
         self._unstored.move_to_end(conversation.id)
-        if self.coordinator is not None:
-            self.coordinator.refresh_new(conversation.record)  # ten minutes from now, there too
+        self.coordinator.refresh_new(conversation.record)  # ten minutes from now, there too
         self._let_go_of_old_unstored()
 
     def _idle(self, conversation: Conversation) -> bool:

@@ -34,8 +34,9 @@ NAME_CHARACTERS = 200
 CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-class DocumentRefused(Exception):
-    """An upload that is not taken: `status` is its HTTP status, `message` says why, for the user."""
+class UploadRefused(Exception):
+    """An upload (a document, an image) that is not taken: `status` is its HTTP status, `message` says why,
+    for the user."""
 
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
@@ -54,11 +55,11 @@ def make_embedder(settings: Settings, provider: Any) -> Embedder:
     return RemoteEmbedder(embedding_provider, settings.embedding_model)
 
 
-def file_name(raw: str | None) -> str:
+def file_name(raw: str | None, default: str = "document.txt") -> str:
     """The name an upload is shown by: its last path part, no control characters, 200 characters at most."""
     name = PurePosixPath((raw or "").replace("\\", "/")).name
     name = CONTROL.sub("", name.encode("utf-8", "replace").decode()).strip()
-    return name[:NAME_CHARACTERS] or "document.txt"
+    return name[:NAME_CHARACTERS] or default
 
 
 class Library:
@@ -77,7 +78,8 @@ class Library:
         # PDFs are read one at a time, off the event loop: pure Python, they would hold the loop.
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="read-documents")
         self._sweeping: asyncio.Task[None] | None = None
-        metrics.embedding_model_loaded.set_function(lambda: float(getattr(self.embedder, "loaded", True)))
+        # The local model, in this process's memory: a provider's embeddings load nothing here.
+        metrics.embedding_model_loaded.set_function(lambda: float(getattr(self.embedder, "loaded", False)))
 
     async def start(self) -> None:
         """Documents a stopped process left `indexing` are marked failed: one process alone, all of them
@@ -111,33 +113,33 @@ class Library:
         self, conversation_id: str, owner: str, raw_name: str | None, file: BinaryIO, size: int
     ) -> DocumentRecord:
         """Check an upload, read its text, store it as `indexing` and index it in the background; or
-        raise DocumentRefused, having stored nothing."""
+        raise UploadRefused, having stored nothing."""
         name = file_name(raw_name)
         settings = self.settings
         try:
             kind_of(name)
         except UnreadableDocument as error:
-            raise DocumentRefused(415, str(error)) from None
+            raise UploadRefused(415, str(error)) from None
         if size > settings.limit_document_bytes:
-            raise DocumentRefused(
-                413, f"“{name}” is over the limit of {_megabytes(settings.limit_document_bytes)} a file."
+            raise UploadRefused(
+                413, f"“{name}” is over the limit of {megabytes(settings.limit_document_bytes)} a file."
             )
         if size == 0:
-            raise DocumentRefused(422, f"“{name}” is empty.")
+            raise UploadRefused(422, f"“{name}” is empty.")
         try:
             pages = await asyncio.get_running_loop().run_in_executor(self._reader, read_document, file, name)
         except UnreadableDocument as error:
-            raise DocumentRefused(422, f"“{name}”: {error}") from None
+            raise UploadRefused(422, f"“{name}”: {error}") from None
         async with self._uploads:
             count, used = await self.store.document_usage(conversation_id, owner)
             if settings.limit_documents_per_conversation and count >= settings.limit_documents_per_conversation:
                 limit = settings.limit_documents_per_conversation
-                raise DocumentRefused(409, f"This conversation has {count} documents, the most it may have ({limit}).")
+                raise UploadRefused(409, f"This conversation has {count} documents, the most it may have ({limit}).")
             if settings.limit_document_bytes_per_user and used + size > settings.limit_document_bytes_per_user:
-                limit = _megabytes(settings.limit_document_bytes_per_user)
-                raise DocumentRefused(
+                limit = megabytes(settings.limit_document_bytes_per_user)
+                raise UploadRefused(
                     409,
-                    f"Your documents would take more than your {limit}; remove some first ({_megabytes(used)} now).",
+                    f"Your documents would take more than your {limit}; remove some first ({megabytes(used)} now).",
                 )
             document = DocumentRecord(conversation_id, owner, name, size, embedder=self.embedder.name)
             await self.store.add_document(document)
@@ -235,5 +237,5 @@ class Library:
         self.embedder.close()
 
 
-def _megabytes(size: int) -> str:
+def megabytes(size: int) -> str:
     return f"{size / 1_000_000:g} MB"

@@ -38,6 +38,13 @@ class NothingToRegenerate(ProtocolError):
     code = "nothing_to_regenerate"
 
 
+class ImagesNotSupported(ProtocolError):
+    """A message (or a regenerate or edit of one) with images, for a model that cannot see them: nothing
+    was sent, and no turn started."""
+
+    code = "images_not_supported"
+
+
 class RateLimited(ProtocolError):
     """The user went over one of their limits; nothing already running is touched."""
 

@@ -22,6 +22,10 @@ def conversation_markdown(
     for message in history:
         note = "" if message.status == "complete" else f" *({message.status})*"
         lines += [f"## {HEADINGS[message.role]}{note}", "", message.content, ""]
+        if message.images:
+            lines += ["Images:", ""]
+            lines += [f"- {image.name} ({image.width}×{image.height}, {image.type})" for image in message.images]
+            lines += [""]
         if message.error:
             lines += [f"> Error: {message.error}", ""]
         sources = [s for step in message.meta.get("steps", []) if step.get("kind") == "sources" for s in step["data"]]

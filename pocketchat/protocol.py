@@ -8,10 +8,22 @@ import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StringConstraints, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from pocketchat.errors import BadFrame, ProtocolError, ProviderError, RateLimited, TooLarge
-from pocketchat.records import ConversationRecord
+from pocketchat.records import ConversationRecord, possible_id
 
 PROTOCOL_VERSION = 1
 
@@ -66,11 +78,32 @@ class Hello(_Frame):
         return self.conversation_id or self.session_id
 
 
+def image_id(value: str) -> str:
+    if not possible_id(value):
+        raise ValueError("is not an image id")
+    return value
+
+
+ImageId = Annotated[str, StringConstraints(strict=True), AfterValidator(image_id)]
+MAX_IMAGE_IDS = 100  # a bound on the frame's work; the setting --limit-images-per-message is checked later
+
+
 class UserMessage(_Frame):
-    """The user's message: starts a turn."""
+    """The user's message: starts a turn. `images` names images uploaded to the conversation for it
+    (`POST .../images`); with images, the text may be empty."""
 
     type: Literal["message"]
-    content: Content
+    # Before `content`: its check reads them.
+    images: Annotated[list[ImageId], Field(max_length=MAX_IMAGE_IDS)] = []
+    content: Annotated[str, StringConstraints(strict=True), Unicode]
+
+    @field_validator("content")
+    @classmethod
+    def _not_empty(cls, content: str, info: ValidationInfo) -> str:
+        if not content.strip() and not info.data.get("images"):
+            # The type the pattern of `Content` gives: the message says "'content' must not be empty".
+            raise PydanticCustomError("string_pattern_mismatch", "must not be empty")
+        return content
 
 
 class Stop(_Frame):

@@ -4,7 +4,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,6 +29,42 @@ def possible_id(text: str) -> bool:
 
 
 @dataclass
+class ImageRecord:
+    """An image uploaded to a conversation: waiting to go with the next user message (`message_id` None),
+    then that message's. Its bytes are stored beside it, read only to send or show it."""
+
+    conversation_id: str
+    owner: str
+    name: str
+    type: str  # image/png, image/jpeg or image/webp: what its bytes are, whatever its name says
+    size: int  # bytes
+    width: int
+    height: int
+    message_id: str | None = None
+    id: str = field(default_factory=new_id)
+    created_at: float = field(default_factory=time.time)
+
+    FIELDS = (
+        "id", "conversation_id", "owner", "message_id", "name", "type", "size", "width", "height", "created_at",
+    )  # fmt: skip
+    WIRE = ("id", "name", "type", "size", "width", "height")  # what a client is told
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> "ImageRecord":
+        return cls(**{name: row[name] for name in cls.FIELDS})
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any], conversation_id: str, owner: str, message_id: str) -> "ImageRecord":
+        return cls(conversation_id, owner, message_id=message_id, **{name: wire[name] for name in cls.WIRE})
+
+    def to_row(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.FIELDS)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.WIRE}
+
+
+@dataclass
 class Message:
     role: Role
     content: str
@@ -40,12 +76,20 @@ class Message:
     # The reply's model, usage, ttft_ms and tokens_per_second.
     meta: dict[str, Any] = field(default_factory=dict)
     created_at: float = field(default_factory=time.time)
+    # A user message's images, in the order sent (stored in their own table, which names the message).
+    images: list[ImageRecord] = field(default_factory=list)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Message":
         """A message as a database row holds it (SQLite's or PostgreSQL's; `meta` is JSON text)."""
         names = ("id", "turn_id", "role", "content", "reasoning", "status", "error", "created_at")
         return cls(**{name: row[name] for name in names}, meta=json.loads(row["meta"]))
+
+    @classmethod
+    def from_wire(cls, wire: Mapping[str, Any], conversation_id: str, owner: str) -> "Message":
+        """A user message as `turn_start` carries it (a replica following a turn that runs elsewhere)."""
+        images = [ImageRecord.from_wire(image, conversation_id, owner, wire["id"]) for image in wire.get("images", ())]
+        return cls(**{name: wire[name] for name in ("id", "role", "content", "status")}, images=images)
 
     def to_row(self, conversation_id: str) -> tuple[Any, ...]:
         """The message as both stores write it: (id, conversation_id, turn_id, role, content, reasoning,
@@ -71,7 +115,19 @@ class Message:
             wire["error"] = self.error
         if self.meta:
             wire["meta"] = self.meta
+        if self.images:
+            wire["images"] = [image.to_wire() for image in self.images]
         return wire
+
+
+def with_images(messages: list[Message], images: Iterable[ImageRecord]) -> list[Message]:
+    """`messages`, each given its images (as a store loads them: the images of the conversation's messages,
+    in the order they were uploaded)."""
+    by_id = {message.id: message for message in messages}
+    for image in images:
+        if (message := by_id.get(image.message_id or "")) is not None:
+            message.images.append(image)
+    return messages
 
 
 # The fields of a conversation's record that can be changed (PATCH), each written on its own.

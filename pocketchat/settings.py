@@ -15,6 +15,13 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, NoDecode, PydanticBaseSettingsSource, SettingsConfigDict
 
+# Models known to take images (OpenAI, Anthropic, Google, and the open ones Ollama and vLLM serve), by
+# name pattern: a conversation whose model matches none sends no image.
+VISION_MODELS = (
+    "gpt-4o*", "chatgpt-4o*", "gpt-4.1*", "gpt-4-turbo*", "gpt-5*", "claude-*", "gemini-*", "gemma3*", "gemma-3*",
+    "llava*", "bakllava*", "*vision*", "*-vl*", "qwen*vl*", "pixtral*", "minicpm-v*", "moondream*", "llama4*",
+    "llama-4*",
+)  # fmt: skip
 LogLevel = Literal["CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"]  # the names both logging and uvicorn know
 DEFAULT_PORTS = {"http": 80, "https": 443}
 
@@ -199,6 +206,19 @@ class Settings(BaseSettings):
         200_000_000, ge=0, description="Bytes all of one user's documents may take together (0: no limit)."
     )
 
+    vision_models: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: list(VISION_MODELS),
+        description="The models that see images, as name patterns (* any text), comma-separated, any case; a "
+        "pattern matches the whole name or its last part after '/' (openai/gpt-4o). Empty: none. The "
+        "embedded model never does.",
+    )
+    limit_image_bytes: int = Field(10_000_000, gt=0, description="Largest image that can be attached, in bytes.")
+    limit_images_per_message: int = Field(
+        4, gt=0, description="Images one message may carry (and that may wait to go with the next one)."
+    )
+    limit_image_bytes_per_user: int = Field(
+        1_000_000_000, ge=0, description="Bytes all of one user's images may take together (0: no limit)."
+    )
     mcp_config: Path | None = Field(
         None,
         description="A JSON file of MCP servers whose tools the model may call, in the common format "
@@ -237,7 +257,7 @@ class Settings(BaseSettings):
         # No .env file and no secrets directory: nothing configures the app unseen.
         return init_settings, env_settings, OpenAIVariables(settings_cls)
 
-    @field_validator("allowed_origins", "allowed_hosts", "trusted_proxies", mode="before")
+    @field_validator("allowed_origins", "allowed_hosts", "trusted_proxies", "vision_models", mode="before")
     @classmethod
     def _split_list(cls, value: object) -> object:
         if isinstance(value, str):

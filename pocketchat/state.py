@@ -9,10 +9,11 @@ from fastapi import FastAPI
 
 from pocketchat import protocol
 from pocketchat.background import Background
-from pocketchat.cluster.coordinator import Cluster, SingleProcess
+from pocketchat.cluster import Coordinator, make_coordinator
 from pocketchat.conversations import Conversation, Hub
 from pocketchat.documents import Library
 from pocketchat.errors import ProviderError
+from pocketchat.images import Images
 from pocketchat.metrics import Metrics
 from pocketchat.settings import Settings
 from pocketchat.store import Store
@@ -35,18 +36,16 @@ class AppState:
         self.store = store
         self.provider = provider
         self.hub = Hub(store)
-        self.coordinator: SingleProcess | Cluster = SingleProcess(settings)
-        if settings.redis_url is not None:
-            self.coordinator = Cluster(settings, settings.redis_url.get_secret_value(), self.hub, store)
-            self.hub.coordinator = self.coordinator
+        self.coordinator: Coordinator = make_coordinator(settings, self.hub, store)
+        self.hub.coordinator = self.coordinator  # asked for turn logs, and of conversations elsewhere
         self.limits = self.coordinator.limits  # counted here, or in Redis across replicas
         self.metrics = Metrics(lambda: sum(1 for turn in self.hub.running_turns if turn.task is not None))
         store.timing = self.metrics.store_writes.observe
         self.documents = Library(settings, store, provider, self.metrics)
         self.documents.tell = self.tell_documents
+        self.images = Images(settings, store, provider)
         self.tools = Catalog(settings, store, self.limits)  # built-in tools and the MCP servers
-        if isinstance(self.coordinator, Cluster):
-            self.coordinator.on_lag = self.metrics.log_lag.observe
+        self.coordinator.on_lag = self.metrics.log_lag.observe
         self.sign_in = SignIn(settings, store, self.limits)
         self.default_model = settings.model
         self._resolving: asyncio.Task[None] | None = None
@@ -153,6 +152,7 @@ class AppState:
             turn.stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.documents.aclose()
+        self.images.close()
         await self.tools.aclose()
         await self.provider.aclose()
         await self.coordinator.aclose()

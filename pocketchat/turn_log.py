@@ -6,10 +6,11 @@ chunk 12 is `(12, 1)`, `turn_end` comes last. A socket follows the log *after a 
 that started the turn after 0 (everything), a socket that arrives mid-turn after the seq of the
 snapshot it got in `ready`. Each frame is encoded once, whatever the number of sockets.
 
-`InProcessTurnLog` keeps the log in memory. With replicas (`pocketchat/cluster/redis_log.py`), the replica that
-runs a turn also copies each entry to a Redis stream named by the turn id, whose entry ids are these
-keys (`XADD turn:<id> <k>-<n>`); every other replica that has sockets on the conversation mirrors
-that stream into an `InProcessTurnLog` of its own (`add_entry`), which its sockets follow.
+`InProcessTurnLog` keeps the log in memory. With replicas, the replica that runs a turn also copies
+each entry to a Redis stream named by the turn id (`pocketchat/cluster/produced_log.py`), whose entry
+ids are these keys (`XADD turn:<id> <k>-<n>`); every other replica that has sockets on the
+conversation mirrors that stream into an `InProcessTurnLog` of its own (`add_entry`,
+`pocketchat/cluster/mirrors.py`), which its sockets follow.
 """
 
 import asyncio

@@ -56,6 +56,7 @@ def new_shared(state: AppState, conversation: Conversation, turn: Turn) -> dict[
         "store": state.store,  # Store: the database
         "documents": state.documents,  # Library: the conversation's documents' embedding model and vectors
         "context": [],  # list[Snippet]: what earlier nodes found for the prompt, with their sources
+        "images": {},  # dict[str, str]: the images ReadImages read for the prompt, data URLs by id
         "prompt": None,  # list[dict]: the messages BuildPrompt made, which StreamChat sends (and tools extend)
         # ToolBox: the tools the model may call (those the conversation has on, and its client's)
         "tools": state.tools.for_turn(conversation.record, turn.id, turn.client_tools),
@@ -136,8 +137,8 @@ async def fail_turn(
 ) -> None:
     """Record a turn cut short, keeping what streamed, and tell the client: `kind` says by what (by
     default a bug in PocketChat; `Unavailable` for Redis lost)."""
-    if turn.fenced:
-        # Another replica ended it and stored it; its log here already ends as it does there.
+    if not await turn.log.confirm():
+        # Another replica took it over and stored it; its log here already ends as it does there.
         if not any(message is turn.reply for message in conversation.history):
             conversation.history.append(turn.reply_taken_over())
         return

@@ -1,10 +1,12 @@
 // The page: one conversation on screen, a sidebar of all of them, one WebSocket to the server.
 // docs/protocol.md is the contract for every frame handled here.
 import { Connection } from "./connection.js";
-import { acceptFiles, Documents } from "./documents.js";
+import { Documents } from "./documents.js";
+import { ImageTray, isImage } from "./images.js";
 import { copyCode } from "./markdown.js";
 import { ToolsPanel } from "./tools.js";
 import { Transcript } from "./transcript.js";
+import { acceptFiles } from "./uploads.js";
 
 const CONVERSATION_KEY = "pocketchat.conversation";
 const OLD_CONVERSATION_KEY = "pocketchat.session"; // where an earlier page kept it
@@ -27,10 +29,12 @@ const state = {
   running: null, // {turnId, seq, view}
   lastSent: null, // the last message sent, put back in the box if the server refuses it
   models: [],
+  vision: null, // the models that see images (null: not known yet)
 };
 
 const transcript = new Transcript($("transcript"), $("scroller"), $("jump"));
-const documents = new Documents($("documents"), $("file-picker"), (text) => showNotice(text), signIn);
+const documents = new Documents($("documents"), (text) => showNotice(text), signIn);
+const images = new ImageTray($("images"), $("images-note"), (text) => showNotice(text), signIn);
 const connection = new Connection(onFrame, helloFrame, showConnection, signIn);
 const tools = new ToolsPanel($("tools-button"), $("tools-dialog"), (off) => changeConversation({ tools_off: off }));
 
@@ -58,7 +62,7 @@ const handlers = {
     state.provider = frame.provider;
     showConversation(frame);
     state.running = null;
-    transcript.reset(frame.history);
+    transcript.reset(frame.conversation_id, frame.history);
     if (frame.running) {
       const view = transcript.append({
         role: "assistant", content: frame.running.content, reasoning: frame.running.reasoning,
@@ -69,6 +73,7 @@ const handlers = {
     setStreaming(Boolean(state.running));
     refreshSidebar();
     documents.open(frame.conversation_id);
+    images.open(frame.conversation_id);
     tools.refresh(); // a server may have failed, or come back, since
   },
 
@@ -78,6 +83,7 @@ const handlers = {
 
   turn_start(frame) {
     state.lastSent = null; // accepted
+    images.sent(frame.message.images ?? []);
     if (transcript.find(frame.message.id)) transcript.truncateFrom(frame.message.id);
     transcript.append(frame.message);
     const view = transcript.append({ role: "assistant", content: "", status: "streaming" });
@@ -133,13 +139,14 @@ const handlers = {
       newChat(); // it was deleted, or never got a message before the server restarted
       return;
     }
-    if (frame.code === "rate_limited") {
-      // The message was not sent: it goes back in the box, and the notice says how long to wait.
+    if (frame.code === "rate_limited" || frame.code === "images_not_supported") {
+      // The message was not sent: it goes back in the box (its images stay above it), and the notice
+      // says why: how long to wait, or that the model cannot see images.
       if (state.lastSent && !ui.input.value) {
         ui.input.value = state.lastSent;
         autosize();
       }
-      showNotice(`${frame.message} Try again in ${frame.retry_after} s.`);
+      showNotice(frame.retry_after ? `${frame.message} Try again in ${frame.retry_after} s.` : frame.message);
       announce(`Not sent: ${frame.message}`);
       return;
     }
@@ -176,8 +183,16 @@ function showConversation(frame) {
   ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.md`;
   fillModelPicker();
   showProvider();
+  showImageSight();
   const provider = state.provider;
   tools.show(frame.tools_off, provider?.kind === "local" || frame.model === provider?.embedded_model);
+}
+
+/** Tell the image tray whether the conversation's model is one known not to see images. */
+function showImageSight() {
+  const model = state.conversation?.model;
+  const known = state.vision !== null && state.models.includes(model);
+  images.setBlindModel(known && !state.vision.includes(model) ? model : null);
 }
 
 const DEMO_NOTE = ": a small offline demo model. For real answers, point PocketChat at a bigger model: " +
@@ -329,11 +344,12 @@ function closeSidebarOnPhone() {
 
 async function loadModels() {
   try {
-    ({ models: state.models } = await api("GET", "/api/models"));
+    ({ models: state.models, vision: state.vision } = await api("GET", "/api/models"));
   } catch {
     state.models = [];
   }
   fillModelPicker();
+  showImageSight();
 }
 
 function fillModelPicker() {
@@ -356,9 +372,10 @@ function submit() {
     return;
   }
   const content = ui.input.value;
-  if (!content.trim()) return;
+  const attached = images.ids(); // they stay above the box until the turn starts with them
+  if (!content.trim() && attached.length === 0) return;
   // The text leaves the box only once it is on its way: nothing typed is lost while offline.
-  if (connection.send({ type: "message", content })) {
+  if (connection.send({ type: "message", content, ...(attached.length ? { images: attached } : {}) })) {
     state.lastSent = content;
     ui.input.value = "";
     autosize();
@@ -405,7 +422,11 @@ ui.input.addEventListener("keydown", (event) => {
 });
 ui.input.addEventListener("input", autosize);
 $("attach").addEventListener("click", () => $("file-picker").click());
-acceptFiles(document.querySelector(".main"), ui.input, (files) => documents.attach(files));
+acceptFiles($("file-picker"), document.querySelector(".main"), ui.input, (files) => {
+  // Images go with the next message; any other file is a document of the conversation.
+  images.attach(files.filter(isImage));
+  documents.attach(files.filter((file) => !isImage(file)));
+});
 $("new-chat").addEventListener("click", newChat);
 $("reconnect-now").addEventListener("click", () => connection.reconnectNow());
 ui.toggleSidebar.addEventListener("click", () => {

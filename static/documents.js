@@ -2,25 +2,20 @@
 // bar while it is indexed, ready, failed with why), remove. The server tells every tab of a change with
 // a `document` frame (docs/protocol.md); the list is read again on each `ready`.
 import { element } from "./dom.js";
+import { conversationRequest, reason, uploadEach } from "./uploads.js";
 
 export class Documents {
   /**
    * @param {HTMLElement} list       where the documents are shown
-   * @param {HTMLInputElement} picker the hidden file input the attach button opens
    * @param {(text: string) => void} onError  a refused upload or removal, said as a message
    * @param {() => void} onSignedOut  the server answered 401
    */
-  constructor(list, picker, onError, onSignedOut) {
+  constructor(list, onError, onSignedOut) {
     this.list = list;
-    this.picker = picker;
     this.onError = onError;
     this.onSignedOut = onSignedOut;
     this.conversationId = null;
     this.items = new Map(); // document id -> its state, as the server last said it
-    picker.addEventListener("change", () => {
-      this.attach([...picker.files]);
-      picker.value = "";
-    });
     list.addEventListener("click", (event) => {
       const button = event.target.closest("button.remove-document");
       if (button) this.remove(button.closest("li").dataset.id);
@@ -50,19 +45,11 @@ export class Documents {
 
   /** Upload files one after the other; each refusal is said as a message, the others go on. */
   async attach(files) {
-    for (const file of files) {
-      if (!this.conversationId) return;
-      const body = new FormData();
-      body.append("file", file, file.name);
-      const response = await this.request("POST", "", body).catch((error) => ({ ok: false, error }));
-      if (response.ok) {
-        const document = await response.json();
-        this.items.set(document.id, { ...document, ...this.items.get(document.id) });
-        this.draw();
-      } else {
-        this.onError(await reason(response, `“${file.name}” could not be attached`, file.name));
-      }
-    }
+    if (!this.conversationId || files.length === 0) return;
+    await uploadEach(files, (body) => this.request("POST", "", body), (document) => {
+      this.items.set(document.id, { ...document, ...this.items.get(document.id) });
+      this.draw();
+    }, this.onError);
   }
 
   async remove(id) {
@@ -71,11 +58,7 @@ export class Documents {
   }
 
   request(method, path, body) {
-    const url = `/api/conversations/${encodeURIComponent(this.conversationId)}/documents${path}`;
-    return fetch(url, { method, body }).then((response) => {
-      if (response.status === 401) this.onSignedOut();
-      return response;
-    });
+    return conversationRequest(this.conversationId, "documents", this.onSignedOut, method, path, body);
   }
 
   draw() {
@@ -108,36 +91,4 @@ function drawn(document) {
   remove.setAttribute("aria-label", `Remove “${document.name}”`);
   item.append(name, state, remove);
   return item;
-}
-
-/** Why a request failed, for the user: the server's own words (which name the file, when they do). */
-async function reason(response, fallback, name) {
-  if (response.error) return `${fallback}: ${response.error.message}`;
-  const body = await response.json().catch(() => null);
-  const detail = typeof body?.detail === "string" ? body.detail : `HTTP ${response.status}`;
-  return name && detail.includes(name) ? detail : `${fallback}: ${detail}`;
-}
-
-/** Files dropped on `area` or pasted into `input` go to `attach`. */
-export function acceptFiles(area, input, attach) {
-  area.addEventListener("dragover", (event) => {
-    if (!event.dataTransfer?.types.includes("Files")) return;
-    event.preventDefault(); // allows the drop
-    area.classList.add("dropping");
-  });
-  area.addEventListener("dragleave", (event) => {
-    if (!area.contains(event.relatedTarget)) area.classList.remove("dropping");
-  });
-  area.addEventListener("drop", (event) => {
-    area.classList.remove("dropping");
-    if (!event.dataTransfer?.files.length) return;
-    event.preventDefault();
-    attach([...event.dataTransfer.files]);
-  });
-  input.addEventListener("paste", (event) => {
-    const files = [...(event.clipboardData?.files ?? [])];
-    if (files.length === 0) return; // text is pasted as usual
-    event.preventDefault();
-    attach(files);
-  });
 }

@@ -3,6 +3,7 @@
 // history is drawn newest first in small batches so the page never freezes; the view sticks to the
 // bottom while a reply streams unless the user scrolled up.
 import { element } from "./dom.js";
+import { imageUrl, thumbnail } from "./images.js";
 import { MarkdownView } from "./markdown.js";
 import { renderSteps } from "./steps.js";
 
@@ -27,8 +28,22 @@ const STATUS_TEXT = {
   error: "This reply failed.",
 };
 
+/** The images a user message carries, each a link to the whole image. */
+function messageImages(conversationId, images) {
+  const box = element("div", "message-images");
+  for (const image of images) {
+    const link = element("a", "message-image");
+    link.href = imageUrl(conversationId, image.id);
+    link.target = "_blank";
+    link.rel = "noopener";
+    link.append(thumbnail(conversationId, image, "thumbnail"));
+    box.append(link);
+  }
+  return box;
+}
+
 class MessageView {
-  constructor(message) {
+  constructor(message, conversationId) {
     this.message = { reasoning: "", meta: null, error: null, status: "complete", steps: message.meta?.steps ?? [], ...message };
     this.root = element("article", `message ${message.role}`);
     this.root.dataset.role = message.role;
@@ -45,6 +60,8 @@ class MessageView {
     this.meta = element("p", "meta");
     this.actions = element("div", "actions");
     this.root.append(this.reasoning, this.steps, this.body, this.notice, this.meta, this.actions);
+    // A message's images never change (an edit is a new message): drawn once.
+    if (message.images?.length) this.root.insertBefore(messageImages(conversationId, message.images), this.body);
     this.markdown = message.role === "user" ? null : new MarkdownView(this.body);
     this.renderedText = null;
   }
@@ -92,6 +109,7 @@ export class Transcript {
     this.dirty = new Set();
     this.frame = null;
     this.generation = 0;
+    this.conversationId = null; // of the messages on screen: where their images are served
     this.stuck = true;
     scroller.addEventListener("scroll", () => {
       this.stuck = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < STICK_PX;
@@ -107,10 +125,11 @@ export class Transcript {
   }
 
   /** Replace everything with `history`, drawing it newest first in batches between frames. */
-  async reset(history) {
+  async reset(conversationId, history) {
     const generation = ++this.generation;
+    this.conversationId = conversationId;
     this.container.replaceChildren();
-    this.views = history.map((message) => new MessageView(message));
+    this.views = history.map((message) => new MessageView(message, conversationId));
     this.dirty.clear();
     this.stuck = true;
     this.jumpButton.hidden = true;
@@ -140,7 +159,7 @@ export class Transcript {
   }
 
   append(message) {
-    const view = new MessageView(message);
+    const view = new MessageView(message, this.conversationId);
     this.views.push(view);
     this.container.append(view.root);
     view.render();

@@ -15,7 +15,8 @@ import asyncpg
 import pytest
 
 from pocketchat.background import Background
-from pocketchat.cluster.redis_log import Copier, ProducedLog, RedisLink
+from pocketchat.cluster.produced_log import Copier, ProducedLog
+from pocketchat.cluster.redis_link import RedisLink
 from tests.cluster import TOKEN, sign_in, start_replica
 from tests.conftest import NO_LIMITS, AppProcess, ChatClient, reply_text
 from tests.fake_openai import FakeOpenAI, Reply

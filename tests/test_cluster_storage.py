@@ -24,7 +24,8 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from pocketchat import protocol
-from pocketchat.cluster.redis_log import FRESH_SECONDS, Copier, Fenced, ProducedLog, RedisLink, takeover_frames
+from pocketchat.cluster.produced_log import Copier, ProducedLog
+from pocketchat.cluster.redis_link import FRESH_SECONDS, Fenced, RedisLink, takeover_frames
 from tests.cluster import Nginx, sign_in
 from tests.conftest import NO_LIMITS, AppProcess, ChatClient, reply_text
 from tests.fake_openai import FakeOpenAI, Reply

@@ -62,6 +62,28 @@ def upload(app: AppProcess, conversation_id: str, name: str, data: bytes, **head
     return call(app, "POST", path, body, **{"Content-Type": content_type, **headers})
 
 
+def post_chunked(app: AppProcess, path: str, name: str, size: int) -> int:
+    """Upload a file of `size` bytes as a chunked body, no length declared; the answer's status. The server
+    may answer (and close) before the whole body went."""
+    body, content_type = multipart(name, b"y" * size)
+    connection = http.client.HTTPConnection("127.0.0.1", app.port, timeout=30)
+    connection.putrequest("POST", path)
+    connection.putheader("Content-Type", content_type)
+    connection.putheader("Transfer-Encoding", "chunked")
+    connection.endheaders()
+    try:
+        for start in range(0, len(body), 16_384):
+            piece = body[start : start + 16_384]
+            connection.send(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+        connection.send(b"0\r\n\r\n")
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server answered and closed before the whole body went
+    try:
+        return connection.getresponse().status
+    finally:
+        connection.close()
+
+
 def documents(app: AppProcess, conversation_id: str, **headers: str) -> list[dict[str, Any]]:
     status, answer = call(app, "GET", f"/api/conversations/{conversation_id}/documents", **headers)
     assert status == 200, answer
@@ -208,21 +230,7 @@ def test_a_file_over_the_size_limit_gets_413_while_it_comes_in_and_stores_nothin
     status, _ = upload(app, conversation_id, "huge.txt", b"x" * 200_000)
     assert status == 413
     # Chunked, with no length declared: refused as it passes the limit, without reading the rest.
-    body, content_type = multipart("streamed.txt", b"y" * 500_000)
-    connection = http.client.HTTPConnection("127.0.0.1", app.port, timeout=30)
-    connection.putrequest("POST", f"/api/conversations/{conversation_id}/documents")
-    connection.putheader("Content-Type", content_type)
-    connection.putheader("Transfer-Encoding", "chunked")
-    connection.endheaders()
-    try:
-        for start in range(0, len(body), 16_384):
-            piece = body[start : start + 16_384]
-            connection.send(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
-        connection.send(b"0\r\n\r\n")
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the server answered and closed before the whole body went
-    assert connection.getresponse().status == 413
-    connection.close()
+    assert post_chunked(app, f"/api/conversations/{conversation_id}/documents", "streamed.txt", 500_000) == 413
     assert documents(app, conversation_id) == []
     assert rows(request, mode, app, "SELECT count(*) FROM documents") == [(0,)]
 
@@ -349,3 +357,20 @@ def test_a_process_killed_while_indexing_leaves_no_document_that_looks_ready(req
     asker = app.client()
     asker.hello(conversation_id)
     assert sources_of(asker.turn("Lanterns?")) == []
+
+
+def test_with_an_embedding_model_named_the_providers_embeddings_are_used_and_no_local_model_loads(start_app, fake):
+    app = start_app("--embedding-model", "fake-embedder", *SEARCHED)
+    client, conversation_id = new_conversation(app)
+    assert upload(app, conversation_id, "report.pdf", text_pdf(REPORT_PAGES))[0] == 201
+    assert upload(app, conversation_id, "garden.md", NOTES.encode())[0] == 201
+    wait_indexed(app, conversation_id, 2)  # too big together to be given whole: searched
+    fake.queue(Reply(tokens=["Eleven kilos [1]."]))
+    sources = sources_of(client.turn("How much honey did the beehive give?"))
+    # The fake's embeddings are hashed words: how well they rank is not the point, that they are used is.
+    assert any("eleven kilos of honey" in source["text"] for source in sources)
+    assert "eleven kilos of honey" in system_prompt(fake)
+    asked = [r["json"] for r in fake.requests if r["path"].endswith("/embeddings")]
+    assert asked and all(request["model"] == "fake-embedder" for request in asked)
+    assert "How much honey did the beehive give?" in asked[-1]["input"]  # the question, embedded there too
+    assert metric(app, "pocketchat_embedding_model_loaded") == 0

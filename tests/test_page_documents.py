@@ -3,6 +3,7 @@ paste), watch them index, ask, see the sources; refused files said as messages; 
 
 import base64
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
@@ -15,9 +16,9 @@ from tests.test_documents import NOTES, REPORT_PAGES
 pytestmark = pytest.mark.browser
 
 
-@pytest.fixture
-def page(browser: Browser, start_app) -> Iterator[Page]:
-    app: AppProcess = start_app("--context-budget", "1200", "--limit-document-bytes", "200000")
+@contextmanager
+def opened(browser: Browser, app: AppProcess) -> Iterator[Page]:
+    """The app's page, ready to send; no script error may happen on it."""
     context = browser.new_context(base_url=app.url)
     errors: list[str] = []
     page = context.new_page()
@@ -27,6 +28,12 @@ def page(browser: Browser, start_app) -> Iterator[Page]:
     yield page
     context.close()
     assert errors == []
+
+
+@pytest.fixture
+def page(browser: Browser, start_app) -> Iterator[Page]:
+    with opened(browser, start_app("--context-budget", "1200", "--limit-document-bytes", "200000")) as page:
+        yield page
 
 
 def drop(page: Page, name: str, data: bytes, mime: str) -> None:

@@ -6,19 +6,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from utils.llm_stream import StreamResult
-from utils.prompt import estimate_tokens
+from utils.prompt import PromptMessage, content_tokens, estimate_tokens
 
 SOURCES = ("estimated", "counted", "provider")  # from the least exact: a sum is as exact as its worst part
 
 
-def message_text(message: dict[str, Any]) -> str:
-    """The text of a prompt message, for an estimate: its content (text, or text parts), and the
+def message_tokens(message: PromptMessage) -> int:
+    """The estimated tokens of a prompt message: its content (text, or text and image parts), and the
     arguments of the tool calls an assistant message holds."""
-    content = message.get("content")
-    if isinstance(content, list):
-        content = " ".join(part.get("text", "") for part in content if isinstance(part, dict))
-    calls = " ".join(call.get("function", {}).get("arguments", "") for call in message.get("tool_calls") or ())
-    return f"{content or ''} {calls}".strip()
+    calls = "".join(call["function"]["arguments"] for call in message.get("tool_calls") or ())
+    return content_tokens(message.get("content") or "") + estimate_tokens(calls)
 
 
 @dataclass
@@ -36,7 +33,7 @@ class TurnUsage:
         self,
         result: StreamResult | None,
         source: str,
-        messages: list[dict[str, Any]],
+        messages: list[PromptMessage],
         content: str,
         reasoning: str,
     ) -> str:
@@ -49,7 +46,7 @@ class TurnUsage:
             self.sources.add(source)
         else:
             calls = " ".join(call.arguments for call in result.tool_calls) if result else ""
-            prompt = sum(estimate_tokens(message_text(message)) for message in messages)
+            prompt = sum(message_tokens(message) for message in messages)
             completion = estimate_tokens(step_content + step_reasoning + calls)
             self.sources.add("estimated")
         self.prompt_tokens += prompt

@@ -12,7 +12,7 @@ empty Redis restart (the next change, or the refresh every `REFRESH_SECONDS`, wr
 again). `seq` grows with every write of a replica, and a write carrying an older `seq` than the
 field's is dropped: two writes that Redis gets in the other order (two pooled connections) do not
 leave the older count. A check counts this replica's share from its own memory and the others' from
-their fields; the field of a replica whose heartbeat (`pocketchat/cluster/redis_log.py`) has expired is deleted,
+their fields; the field of a replica whose heartbeat (`pocketchat/cluster/redis_link.py`) has expired is deleted,
 so a crash does not leave a user's sockets or turns counted for good. Gauge keys expire unless a
 replica with something counted there refreshes them.
 
@@ -28,7 +28,7 @@ import logging
 import time
 from typing import Any
 
-from pocketchat.cluster.redis_log import REDIS_FAILURES, RedisLink
+from pocketchat.cluster.redis_link import REDIS_FAILURES, RedisLink
 from pocketchat.limits import Lease, Refused, Taken
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,6 @@
 """Pick the chat provider the settings ask for."""
 
+import fnmatch
 import logging
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager
@@ -109,6 +110,17 @@ async def available_models(provider: ChatProvider) -> tuple[list[str], str | Non
         return [*await remote.list_models(), *embedded], None
     except ProviderError as error:
         return embedded, error.message
+
+
+def sees_images(provider: ChatProvider, model: str, patterns: list[str]) -> bool:
+    """Whether `model` takes images: a remote model whose name (or its last part after '/', as OpenRouter
+    names them) matches one of `patterns`, in any case. The embedded model is a text model."""
+    if provider.kind != "openai" or not model:
+        return False
+    if isinstance(provider, WithEmbeddedModel) and model == provider.embedded.model_name:
+        return False
+    names = {model.lower(), model.rsplit("/", 1)[-1].lower()}
+    return any(fnmatch.fnmatchcase(name, pattern.lower()) for name in names for pattern in patterns)
 
 
 def make_provider(settings: Settings) -> ChatProvider:

@@ -11,7 +11,15 @@ import hashlib
 from collections.abc import Callable, Collection
 from typing import Any, Protocol
 
-from pocketchat.records import RECORD_FIELDS, ConversationRecord, DocumentRecord, Message, MessageHit, Passage
+from pocketchat.records import (
+    RECORD_FIELDS,
+    ConversationRecord,
+    DocumentRecord,
+    ImageRecord,
+    Message,
+    MessageHit,
+    Passage,
+)
 from pocketchat.settings import Settings
 
 
@@ -99,6 +107,27 @@ class Store(Protocol):
     async def search_passages(self, document_ids: list[str], terms: list[str], most: int) -> list[int]: ...
 
     async def passages(self, owner: str, ids: list[int]) -> list[Passage]: ...
+
+    # Images: written through the same queue. `load` gives each user message its images.
+
+    def add_image(self, image: ImageRecord, data: bytes) -> asyncio.Future[Any]: ...
+
+    def attach_images(self, conversation_id: str, message_id: str, image_ids: list[str]) -> asyncio.Future[Any]:
+        """Make these waiting images the message's (queued after the turn's opening write)."""
+
+    def delete_image(self, conversation_id: str, image_id: str) -> asyncio.Future[bool]:
+        """Delete an image still waiting to be sent; whether there was one."""
+
+    async def waiting_images(self, conversation_id: str, owner: str) -> list[ImageRecord]:
+        """The images of the conversation waiting to go with its next message, oldest first."""
+
+    async def image_usage(self, conversation_id: str, owner: str) -> tuple[int, int]:
+        """How many images wait in the conversation, and how many bytes the owner's images take."""
+
+    async def image(self, conversation_id: str, image_id: str, owner: str) -> tuple[ImageRecord, bytes] | None: ...
+
+    async def image_data(self, owner: str, ids: list[str]) -> dict[str, tuple[str, bytes]]:
+        """The type and bytes of these images, if `owner` owns them, by id."""
 
     async def search_messages(self, owner: str, terms: list[str], most: int, leave_out_turn: str) -> list[MessageHit]:
         """The owner's newest messages holding every term, case-insensitively, but those of one turn."""

@@ -19,7 +19,16 @@ from urllib.parse import urlsplit
 import asyncpg
 
 from pocketchat.errors import Unavailable
-from pocketchat.records import CONVERSATION_COLUMNS, ConversationRecord, DocumentRecord, Message, MessageHit, Passage
+from pocketchat.records import (
+    CONVERSATION_COLUMNS,
+    ConversationRecord,
+    DocumentRecord,
+    ImageRecord,
+    Message,
+    MessageHit,
+    Passage,
+    with_images,
+)
 from pocketchat.store import TOMBSTONE_SECONDS, like_pattern, session_hash
 from pocketchat.store.queued import QueuedStore, Row
 from pocketchat.store.writes import Database, Job
@@ -139,11 +148,33 @@ CREATE TABLE chunks (
 CREATE INDEX chunks_by_document ON chunks (document_id, seq);
 CREATE INDEX chunks_words ON chunks USING GIN (words);
 """,
-    # Tools (SQLite's step 6): the tool sources a conversation turned off, as JSON text (a list of names).
+    # Images attached to user messages (SQLite's step 6): deleted with their conversation, bytes and all;
+    # `message_id` NULL while one waits to go with the next message (no foreign key: an edit writes its
+    # message again under the same id).
+    """
+CREATE TABLE images (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    owner TEXT NOT NULL,
+    message_id TEXT,
+    name TEXT NOT NULL,
+    type TEXT NOT NULL,
+    size BIGINT NOT NULL,
+    width INTEGER NOT NULL,
+    height INTEGER NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    data BYTEA NOT NULL
+);
+CREATE INDEX images_by_conversation ON images (conversation_id, created_at);
+CREATE INDEX images_by_owner ON images (owner);
+""",
+    # Tools (SQLite's step 7): the tool sources a conversation turned off, as JSON text (a list of names).
     """
 ALTER TABLE conversations ADD COLUMN tools_off TEXT NOT NULL DEFAULT '[]';
 """,
 ]
+
+IMAGE_COLUMNS = ", ".join(ImageRecord.FIELDS)  # an image's record without its bytes
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
 # replica that took its turn over) no later write changes it: a producer that was paused past its lease
@@ -450,9 +481,10 @@ class PostgresStore(QueuedStore[_WriteConnection]):
                 if row is None:
                     return None
                 query = "SELECT * FROM messages WHERE conversation_id = $1 ORDER BY seq"
-                return ConversationRecord.from_row(row), [
-                    Message.from_row(message) for message in await db.fetch(query, conversation_id)
-                ]
+                messages = [Message.from_row(message) for message in await db.fetch(query, conversation_id)]
+                query = f"SELECT {IMAGE_COLUMNS} FROM images WHERE conversation_id = $1 AND message_id IS NOT NULL"
+                images = await db.fetch(query + " ORDER BY created_at, id", conversation_id)
+                return ConversationRecord.from_row(row), with_images(messages, map(ImageRecord.from_row, images))
 
         return await self._read(work)
 
@@ -674,3 +706,51 @@ class PostgresStore(QueuedStore[_WriteConnection]):
         )
         rows = await self._read(lambda db: db.fetch(query, ids, owner))
         return [Passage(row[0], row[1], row[2], row[3], row[4], row[5]) for row in rows]
+
+    # ---- images ----------------------------------------------------------------------------------
+
+    def add_image(self, image: ImageRecord, data: bytes) -> asyncio.Future[Any]:
+        marks = ", ".join(f"${number}" for number in range(1, len(ImageRecord.FIELDS) + 2))
+        query = f"INSERT INTO images ({IMAGE_COLUMNS}, data) VALUES ({marks})"
+        row = (*image.to_row(), data)
+        return self._write(lambda db: db.execute(query, *row), image.conversation_id, retry=False)
+
+    def attach_images(self, conversation_id: str, message_id: str, image_ids: list[str]) -> asyncio.Future[Any]:
+        # Only waiting ones (or the message's own, written again by an edit): never another message's.
+        query = (
+            "UPDATE images SET message_id = $1 WHERE conversation_id = $2 AND id = ANY($3::text[])"
+            " AND (message_id IS NULL OR message_id = $1)"
+        )
+        return self._write(lambda db: db.execute(query, message_id, conversation_id, image_ids), conversation_id)
+
+    def delete_image(self, conversation_id: str, image_id: str) -> asyncio.Future[bool]:
+        async def work(db: asyncpg.Connection) -> bool:
+            query = "DELETE FROM images WHERE id = $1 AND conversation_id = $2 AND message_id IS NULL"
+            return _count(await db.execute(query, image_id, conversation_id)) > 0
+
+        return self._write(work, conversation_id, retry=False)
+
+    async def waiting_images(self, conversation_id: str, owner: str) -> list[ImageRecord]:
+        query = f"SELECT {IMAGE_COLUMNS} FROM images WHERE conversation_id = $1 AND owner = $2 AND message_id IS NULL"
+        rows = await self._read(lambda db: db.fetch(query + " ORDER BY created_at, id", conversation_id, owner))
+        return [ImageRecord.from_row(row) for row in rows]
+
+    async def image_usage(self, conversation_id: str, owner: str) -> tuple[int, int]:
+        query = (
+            "SELECT count(*) FILTER (WHERE conversation_id = $1 AND message_id IS NULL), coalesce(sum(size), 0)"
+            " FROM images WHERE owner = $2"
+        )
+        row = await self._read(lambda db: db.fetchrow(query, conversation_id, owner))
+        return int(row[0]), int(row[1])
+
+    async def image(self, conversation_id: str, image_id: str, owner: str) -> tuple[ImageRecord, bytes] | None:
+        query = f"SELECT {IMAGE_COLUMNS}, data FROM images WHERE id = $1 AND conversation_id = $2 AND owner = $3"
+        row = await self._read(lambda db: db.fetchrow(query, image_id, conversation_id, owner))
+        return None if row is None else (ImageRecord.from_row(row), row["data"])
+
+    async def image_data(self, owner: str, ids: list[str]) -> dict[str, tuple[str, bytes]]:
+        if not ids:
+            return {}
+        query = "SELECT id, type, data FROM images WHERE owner = $1 AND id = ANY($2::text[])"
+        rows = await self._read(lambda db: db.fetch(query, owner, ids))
+        return {row[0]: (row[1], row[2]) for row in rows}

@@ -17,7 +17,16 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pocketchat.records import CONVERSATION_COLUMNS, ConversationRecord, DocumentRecord, Message, MessageHit, Passage
+from pocketchat.records import (
+    CONVERSATION_COLUMNS,
+    ConversationRecord,
+    DocumentRecord,
+    ImageRecord,
+    Message,
+    MessageHit,
+    Passage,
+    with_images,
+)
 from pocketchat.store import TOMBSTONE_SECONDS, like_pattern, session_hash, token_hash
 from pocketchat.store.queued import QueuedStore, Row
 from pocketchat.store.writes import Database, Job
@@ -119,11 +128,33 @@ CREATE TRIGGER chunks_text_delete AFTER DELETE ON chunks BEGIN
     INSERT INTO chunks_text(chunks_text, rowid, text) VALUES ('delete', old.id, old.text);
 END;
 """,
+    # Images attached to user messages (deleted with their conversation), bytes and all. `message_id` is
+    # NULL while one waits to go with the next message. It names the message without a foreign key: an
+    # edit or a regenerate deletes the message and writes it again under the same id, images and all.
+    """
+CREATE TABLE images (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    owner TEXT NOT NULL,
+    message_id TEXT,
+    name TEXT NOT NULL,
+    type TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    width INTEGER NOT NULL,
+    height INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX images_by_conversation ON images(conversation_id, created_at);
+CREATE INDEX images_by_owner ON images(owner);
+""",
     # Tools: the tool sources a conversation turned off (JSON: a list of names; none before).
     """
 ALTER TABLE conversations ADD COLUMN tools_off TEXT NOT NULL DEFAULT '[]';
 """,
 ]
+
+IMAGE_COLUMNS = ", ".join(ImageRecord.FIELDS)  # an image's record without its bytes
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
 # replica that took its turn over) no later write changes it: a producer that was paused past its lease
@@ -310,7 +341,10 @@ class SqliteStore(QueuedStore[_WriteConnection]):
             if row is None:
                 return None
             rows = db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq", (conversation_id,))
-            return ConversationRecord.from_row(row), [Message.from_row(message) for message in rows]
+            messages = [Message.from_row(message) for message in rows]
+            query = f"SELECT {IMAGE_COLUMNS} FROM images WHERE conversation_id = ? AND message_id IS NOT NULL"
+            images = db.execute(query + " ORDER BY created_at, id", (conversation_id,))
+            return ConversationRecord.from_row(row), with_images(messages, map(ImageRecord.from_row, images))
 
         return await self._read(work)
 
@@ -517,3 +551,50 @@ class SqliteStore(QueuedStore[_WriteConnection]):
         )
         rows = await self._read(lambda db: db.execute(query, (*ids, owner)).fetchall())
         return [Passage(row[0], row[1], row[2], row[3], row[4], row[5]) for row in rows]
+
+    # ---- images ----------------------------------------------------------------------------------
+
+    def add_image(self, image: ImageRecord, data: bytes) -> asyncio.Future[Any]:
+        query = f"INSERT INTO images ({IMAGE_COLUMNS}, data) VALUES ({', '.join('?' * len(ImageRecord.FIELDS))}, ?)"
+        row = (*image.to_row(), data)
+        return self._write(lambda db: db.execute(query, row), image.conversation_id, retry=False)
+
+    def attach_images(self, conversation_id: str, message_id: str, image_ids: list[str]) -> asyncio.Future[Any]:
+        marks = ",".join("?" * len(image_ids))
+        # Only waiting ones (or the message's own, written again by an edit): never another message's.
+        query = f"UPDATE images SET message_id = ? WHERE conversation_id = ? AND id IN ({marks})"
+        query += " AND (message_id IS NULL OR message_id = ?)"
+        row = (message_id, conversation_id, *image_ids, message_id)
+        return self._write(lambda db: db.execute(query, row), conversation_id)
+
+    def delete_image(self, conversation_id: str, image_id: str) -> asyncio.Future[bool]:
+        query = "DELETE FROM images WHERE id = ? AND conversation_id = ? AND message_id IS NULL"
+        row = (image_id, conversation_id)
+        return self._write(lambda db: db.execute(query, row).rowcount > 0, conversation_id, retry=False)
+
+    async def waiting_images(self, conversation_id: str, owner: str) -> list[ImageRecord]:
+        query = f"SELECT {IMAGE_COLUMNS} FROM images WHERE conversation_id = ? AND owner = ? AND message_id IS NULL"
+        rows = await self._read(
+            lambda db: db.execute(query + " ORDER BY created_at, id", (conversation_id, owner)).fetchall()
+        )
+        return [ImageRecord.from_row(row) for row in rows]
+
+    async def image_usage(self, conversation_id: str, owner: str) -> tuple[int, int]:
+        query = (
+            "SELECT count(*) FILTER (WHERE conversation_id = ? AND message_id IS NULL), coalesce(sum(size), 0)"
+            " FROM images WHERE owner = ?"
+        )
+        row = await self._read(lambda db: db.execute(query, (conversation_id, owner)).fetchone())
+        return int(row[0]), int(row[1])
+
+    async def image(self, conversation_id: str, image_id: str, owner: str) -> tuple[ImageRecord, bytes] | None:
+        query = f"SELECT {IMAGE_COLUMNS}, data FROM images WHERE id = ? AND conversation_id = ? AND owner = ?"
+        row = await self._read(lambda db: db.execute(query, (image_id, conversation_id, owner)).fetchone())
+        return None if row is None else (ImageRecord.from_row(row), row["data"])
+
+    async def image_data(self, owner: str, ids: list[str]) -> dict[str, tuple[str, bytes]]:
+        if not ids:
+            return {}
+        query = f"SELECT id, type, data FROM images WHERE owner = ? AND id IN ({','.join('?' * len(ids))})"
+        rows = await self._read(lambda db: db.execute(query, (owner, *ids)).fetchall())
+        return {row[0]: (row[1], row[2]) for row in rows}

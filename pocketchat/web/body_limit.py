@@ -5,9 +5,10 @@ sign-out, a delete) is not run for a request that carries a huge one.
 
 A declared Content-Length over the limit is refused before a byte of the body is read; a chunked
 body is counted as it arrives. A body within its limit is read whole here, then handed to the route:
-the limits are a few KiB. The one route that takes uploads (a conversation's documents) has its own,
-larger limit, and its body is not read here: it streams through to the route, which spools it to a
-temporary file as it comes (python-multipart), and is refused with 413 as soon as it passes the limit.
+the limits are a few KiB. The two routes that take uploads (a conversation's documents, its images)
+have their own, larger limits, and their bodies are not read here: they stream through to the route,
+which spools them to a temporary file as they come (python-multipart), and are refused with 413 as soon
+as they pass the limit.
 """
 
 import re
@@ -22,7 +23,7 @@ FORM_BYTES = 4 * 1024  # POST /login: one token field; and every route that read
 # \uXXXX is 120,000 bytes, plus a title and a model.
 JSON_BYTES = 128 * 1024
 MULTIPART_BYTES = 64 * 1024  # an upload's multipart framing and headers, beyond the file itself
-UPLOAD_PATH = re.compile(r"/api/conversations/[^/]+/documents")
+UPLOAD_PATH = re.compile(r"/api/conversations/[^/]+/(documents|images)")
 
 
 def body_limit(method: str, path: str) -> int:
@@ -32,17 +33,20 @@ def body_limit(method: str, path: str) -> int:
     return FORM_BYTES
 
 
-def is_upload(method: str, path: str) -> bool:
-    return method == "POST" and UPLOAD_PATH.fullmatch(path) is not None
+def upload_of(method: str, path: str) -> str | None:
+    """What a request uploads ("documents", "images"), if it is an upload."""
+    found = UPLOAD_PATH.fullmatch(path) if method == "POST" else None
+    return found[1] if found else None
 
 
 class BodyLimit:
     """ASGI middleware: reads a request's body, up to its route's limit, before anything else does;
     refuses it with 413 once it passes the limit."""
 
-    def __init__(self, app: ASGIApp, upload_bytes: int = 20_000_000) -> None:
+    def __init__(self, app: ASGIApp, upload_bytes: int = 20_000_000, image_bytes: int = 10_000_000) -> None:
         self.app = app
-        self.upload_limit = upload_bytes + MULTIPART_BYTES  # the largest file, and its framing
+        # The largest file of each kind, and its framing.
+        self.upload_limits = {"documents": upload_bytes + MULTIPART_BYTES, "images": image_bytes + MULTIPART_BYTES}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope) if scope["type"] == "http" else Headers()
@@ -50,8 +54,8 @@ class BodyLimit:
         if declared is None and "transfer-encoding" not in headers:
             await self.app(scope, receive, send)  # no body: a GET, a WebSocket, the lifespan
             return
-        upload = is_upload(scope["method"], scope["path"])
-        limit = self.upload_limit if upload else body_limit(scope["method"], scope["path"])
+        upload = upload_of(scope["method"], scope["path"])
+        limit = self.upload_limits[upload] if upload else body_limit(scope["method"], scope["path"])
         if declared is not None and (not declared.isdigit() or int(declared) > limit):
             await too_large(limit)(scope, receive, send)
             return

@@ -1,12 +1,13 @@
 """The HTTP API of a conversation's documents: attach (multipart, field `file`), list, remove.
 Owner-only, like every conversation route: another user's conversation is a 404."""
 
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, BinaryIO, Protocol
 
 from fastapi import APIRouter, HTTPException, Request, UploadFile
 from fastapi.responses import JSONResponse
 
-from pocketchat.documents import DocumentRefused
+from pocketchat.documents import UploadRefused
 from pocketchat.records import possible_id
 from pocketchat.state import chat_state
 from pocketchat.web.routes import borrowed
@@ -21,18 +22,31 @@ async def attach_document(request: Request, conversation_id: str, file: UploadFi
     progress comes in `document` frames and in the list). A bad file or one over a limit gets 413, 415,
     422 or 409 with why, and nothing is stored. The body was spooled to a temporary file as it came in,
     refused with 413 once over the limit (web/body_limit.py)."""
-    state = chat_state(request.app)
+    return await take_upload(request, conversation_id, file, chat_state(request.app).documents.add)
+
+
+class Uploaded(Protocol):
+    def to_wire(self) -> dict[str, Any]: ...
+
+
+async def take_upload(
+    request: Request,
+    conversation_id: str,
+    file: UploadFile,
+    add: Callable[[str, str, str | None, BinaryIO, int], Awaitable[Uploaded]],
+) -> JSONResponse:
+    """An upload to the user's conversation (a document, an image): `add(conversation_id, owner, name, file,
+    size)`, then 201 with what it became; refused, its HTTP status with why (nothing stored)."""
     try:
         async with borrowed(request, conversation_id) as conversation:
-            # Stored now if it is new: its documents belong to it in the database.
-            await state.hub.ensure_stored(conversation)
-            owner = conversation.record.owner
-            document = await state.documents.add(conversation.id, owner, file.filename, file.file, file.size or 0)
-    except DocumentRefused as refused:
+            # Stored now if it is new: what is uploaded to it belongs to it in the database.
+            await chat_state(request.app).hub.ensure_stored(conversation)
+            added = await add(conversation.id, conversation.record.owner, file.filename, file.file, file.size or 0)
+    except UploadRefused as refused:
         raise HTTPException(refused.status, refused.message) from None
     finally:
         await file.close()
-    return JSONResponse(document.to_wire(), status_code=201)
+    return JSONResponse(added.to_wire(), status_code=201)
 
 
 @router.get("/api/conversations/{conversation_id}/documents")

@@ -79,12 +79,15 @@ async def tools(request: Request) -> dict[str, Any]:
 
 @router.get("/api/models")
 async def models(request: Request) -> dict[str, Any]:
-    """Every model a conversation can pick; the embedded one is listed even when the remote list fails."""
-    provider = chat_state(request.app).provider
+    """Every model a conversation can pick; the embedded one is listed even when the remote list fails.
+    `vision`: those of them that see images (a message with images to any other is refused)."""
+    state = chat_state(request.app)
+    provider = state.provider
     names, error = await available_models(provider)
     if error is not None and not names:
         raise HTTPException(502, error)
-    return {"models": names, "provider": provider.describe(), **({"error": error} if error else {})}
+    vision = [name for name in names if state.images.sees(name)]
+    return {"models": names, "vision": vision, "provider": provider.describe(), **({"error": error} if error else {})}
 
 
 @router.get("/api/conversations")

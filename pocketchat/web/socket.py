@@ -24,6 +24,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn, TurnIds
 from pocketchat.errors import BadFrame, ProtocolError, RateLimited
+from pocketchat.records import ImageRecord
 from pocketchat.state import AppState, chat_state
 from pocketchat.tools.client import ClientTools
 from pocketchat.turn_log import TurnLog
@@ -256,14 +257,27 @@ class Client:
         begin: Callable[[TurnIds], Turn]
         if isinstance(frame, protocol.UserMessage):
             conversation = conversation or await self.hello(None)
-            begin = functools.partial(conversation.begin_message, frame.content)
+            images = await self._images(conversation, frame.images)
+            begin = functools.partial(conversation.begin_message, frame.content, images)
         elif conversation is None:
             raise BadFrame(f"Say hello first: a '{frame.type}' needs a conversation.")
-        elif isinstance(frame, protocol.Regenerate):
-            begin = conversation.begin_regenerate
         else:
-            begin = functools.partial(conversation.begin_edit, frame.message_id, frame.content)
+            # Its images go again with the message answered again: not to a model that cannot see them.
+            self.state.images.refuse_unseen(self._model(conversation), conversation.last_user_images(), again=True)
+            if isinstance(frame, protocol.Regenerate):
+                begin = conversation.begin_regenerate
+            else:
+                begin = functools.partial(conversation.begin_edit, frame.message_id, frame.content)
         await begin_turn(self.state, conversation, begin, self.user, self.tools)
+
+    async def _images(self, conversation: Conversation, ids: list[str]) -> list[ImageRecord]:
+        """The images a message names, checked (waiting here, for a model that sees them) before its turn."""
+        if not ids:
+            return []
+        return await self.state.images.for_message(conversation.id, self.user, ids, self._model(conversation))
+
+    def _model(self, conversation: Conversation) -> str:
+        return conversation.record.model or self.state.default_model or ""
 
     async def hello(self, conversation_id: str | None) -> Conversation:
         state = self.state

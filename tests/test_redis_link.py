@@ -5,7 +5,7 @@ import asyncio
 import subprocess
 import sys
 
-from pocketchat.cluster.redis_log import ALIVE, Batch, RedisLink
+from pocketchat.cluster.redis_link import ALIVE, Batch, RedisLink
 from tests.conftest import ROOT
 
 

@@ -1,0 +1,58 @@
+"""One process (no `--redis-url`): every turn runs here, and there is nobody to tell anything."""
+
+from collections.abc import Callable, Collection
+from typing import Any
+
+from pocketchat.conversations import Conversation, NoOtherReplicas, Turn, TurnIds
+from pocketchat.limits import Limits, LocalCounters, Taken
+from pocketchat.settings import Settings
+
+
+class LocalCoordinator(NoOtherReplicas):
+    """The coordinator of a process that has no replicas: the hub's part (`NoOtherReplicas`: every
+    turn's log is in memory, no conversation is anywhere else), the user's limits counted here, and
+    nothing to tell another replica."""
+
+    failure: str | None = None
+    stopped: str | None = None
+    on_lag: Callable[[float], None] | None = None  # never told: nothing is read from another replica
+
+    def __init__(self, settings: Settings) -> None:
+        self.limits = Limits(settings, LocalCounters())
+
+    async def claim(self, conversation: Conversation, ids: TurnIds, user: str) -> Taken:
+        # The user's limits only: the conversation itself refuses a second turn.
+        return await self.limits.take_message(user)
+
+    async def release_claim(self, conversation: Conversation, taken: Taken) -> None:
+        await self.limits.give_back(taken)
+
+    async def started(self, conversation: Conversation, turn: Turn, lease: str) -> None:
+        return None
+
+    async def finished(self, conversation: Conversation, turn: Turn) -> None:
+        return None
+
+    def stop(self, turn: Turn) -> None:
+        turn.stop.set()
+
+    def stop_unseen(self, conversation: Conversation, turn_id: str) -> None:
+        return None  # every turn is here: one this process has not seen has ended, or never was
+
+    def changed(self, conversation: Conversation, names: Collection[str]) -> None:
+        return None
+
+    def documents_changed(self, conversation_id: str, frame: dict[str, Any]) -> None:
+        return None
+
+    async def deleting(self, conversation_id: str) -> None:
+        return None
+
+    def deleted(self, conversation_id: str) -> None:
+        return None
+
+    async def start(self) -> None:
+        return None
+
+    async def aclose(self) -> None:
+        return None

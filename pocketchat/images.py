@@ -1,0 +1,115 @@
+"""Images sent with user messages. An upload is checked (its kind told by its bytes and decoded once, its
+size and the images waiting limited) and stored waiting for the conversation's next message; a message
+that names images is checked (waiting images of this conversation, few enough) and, for a model that
+cannot see images, refused before its turn starts: nothing is sent that the user believes the model saw.
+The nodes read the bytes when they build the prompt (nodes.ReadImages); the routes are web/images.py.
+"""
+
+import asyncio
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import BinaryIO
+
+from pocketchat.documents import UploadRefused, file_name, megabytes
+from pocketchat.errors import BadFrame, ImagesNotSupported
+from pocketchat.providers import sees_images
+from pocketchat.records import ImageRecord
+from pocketchat.settings import Settings
+from pocketchat.store import Store
+from utils.llm_stream import ChatProvider
+from utils.read_image import ImageKind, UnreadableImage, read_image
+
+
+class Images:
+    """The images of every conversation this process serves."""
+
+    def __init__(self, settings: Settings, store: Store, provider: ChatProvider) -> None:
+        self.settings = settings
+        self.store = store
+        self.provider = provider
+        self._uploads = asyncio.Lock()  # a user's limits are checked and taken one upload at a time
+        # Decoded one at a time, off the event loop: a large photo takes a tenth of a second or more.
+        self._reader = ThreadPoolExecutor(1, thread_name_prefix="read-images")
+
+    def sees(self, model: str) -> bool:
+        """Whether `model` takes images (--vision-models; never the embedded model)."""
+        return sees_images(self.provider, model, self.settings.vision_models)
+
+    async def add(
+        self, conversation_id: str, owner: str, raw_name: str | None, file: BinaryIO, size: int
+    ) -> ImageRecord:
+        """Check an upload and store it waiting for the next message; or raise UploadRefused, having stored
+        nothing."""
+        name = file_name(raw_name, "image")
+        settings = self.settings
+        if size > settings.limit_image_bytes:
+            raise UploadRefused(413, f"“{name}” is over the limit of {megabytes(settings.limit_image_bytes)} an image.")
+        if size == 0:
+            raise UploadRefused(422, f"“{name}” is empty.")
+        try:
+            data, kind = await asyncio.get_running_loop().run_in_executor(self._reader, _read, file)
+        except UnreadableImage as error:
+            raise UploadRefused(422 if error.damaged else 415, f"“{name}” {error}") from None
+        async with self._uploads:
+            waiting, used = await self.store.image_usage(conversation_id, owner)
+            most = settings.limit_images_per_message
+            if waiting >= most:
+                raise UploadRefused(
+                    409, f"{waiting} images wait to go with your next message, the most one may carry ({most})."
+                )
+            if settings.limit_image_bytes_per_user and used + len(data) > settings.limit_image_bytes_per_user:
+                limit = megabytes(settings.limit_image_bytes_per_user)
+                raise UploadRefused(
+                    409,
+                    f"Your images would take more than your {limit}; delete some conversations first "
+                    f"({megabytes(used)} now).",
+                )
+            image = ImageRecord(conversation_id, owner, name, kind.type, len(data), kind.width, kind.height)
+            await self.store.add_image(image, data)
+        return image
+
+    async def for_message(self, conversation_id: str, owner: str, ids: Sequence[str], model: str) -> list[ImageRecord]:
+        """The images a message names, in its order: each one waiting in this conversation, for a model
+        that sees them. Else BadFrame or ImagesNotSupported, and nothing changes."""
+        most = self.settings.limit_images_per_message
+        if len(ids) > most:
+            raise BadFrame(f"A message may carry {most} images at most; this one names {len(ids)}.")
+        if len(set(ids)) < len(ids):
+            raise BadFrame("A message names the same image twice.")
+        waiting = {image.id: image for image in await self.store.waiting_images(conversation_id, owner)}
+        if any(image_id not in waiting for image_id in ids):
+            raise BadFrame(
+                "An image this message names is not waiting in this conversation: it was sent already, removed, "
+                "or never attached here. Attach it again."
+            )
+        images = [waiting[image_id] for image_id in ids]
+        self.refuse_unseen(model, images)
+        return images
+
+    def refuse_unseen(self, model: str, images: Sequence[ImageRecord], again: bool = False) -> None:
+        """ImagesNotSupported if there are images and `model` cannot see them. `again`: a regenerate or an
+        edit, whose message (the last one) has them."""
+        if not images or self.sees(model):
+            return
+        named = f"“{model}”" if model else "This conversation's model"
+        if again:
+            raise ImagesNotSupported(
+                f"{named} cannot see images, and the message to answer has {len(images)}: nothing was sent. "
+                "Pick a model that can see images, or send a new message."
+            )
+        raise ImagesNotSupported(
+            f"{named} cannot see images, so this message and its images were not sent. Remove the images to "
+            "send the text alone, or pick a model that can see images."
+        )
+
+    async def remove(self, conversation_id: str, image_id: str) -> bool:
+        """Delete an image still waiting to be sent; whether there was one (a sent one stays with its message)."""
+        return await self.store.delete_image(conversation_id, image_id)
+
+    def close(self) -> None:
+        self._reader.shutdown(wait=False, cancel_futures=True)
+
+
+def _read(file: BinaryIO) -> tuple[bytes, ImageKind]:
+    data = file.read()  # the route spooled it to a temporary file, within the size limit
+    return data, read_image(data)
