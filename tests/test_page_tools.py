@@ -95,3 +95,17 @@ def test_the_tools_dialog_turns_a_server_off_shows_the_failed_one_and_what_the_e
     page.get_by_label("Model").select_option("SmolLM2-135M-Instruct.Q4_1")
     page.locator("#tools-button").click()
     expect(dialog.locator(".tools-note")).to_contain_text("Tools need a provider that supports them")
+
+
+def test_a_tool_result_is_shown_as_text_never_as_markup(pages: PageUnderTest, fake: FakeOpenAI):
+    markup = "<img src=x onerror=alert(1)><b>bold</b>"
+    fake.queue(Reply(calls=[Call("test__shout", {"text": markup})]), Reply(tokens=["Done."]))
+    page = pages.open()
+    send(page, "shout some markup")
+    wait_done(page)
+    shouted = tool(page, "test.shout")
+    shouted.locator("summary").click()
+    expect(shouted.locator(".tool-result")).to_have_text(markup.upper())
+    expect(shouted.locator(".tool-arguments")).to_contain_text(markup)
+    assert replies(page).last.locator("img, b").count() == 0
+    assert pages.dialogs == []

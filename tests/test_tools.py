@@ -532,6 +532,79 @@ def test_the_servers_get_their_env_and_nothing_of_pocketchats(start_app, fake, t
     assert "hello from the config" in results and API_KEY not in json.dumps(results)
 
 
+def test_a_model_that_refuses_tools_is_asked_again_without_them_and_offered_none_after(app, fake):
+    fake.queue(
+        Reply(status=400, message="registry.ollama.ai/library/tiny does not support tools"), Reply(tokens=["Fine."])
+    )
+    client = app.client()
+    client.hello()
+    frames = client.turn("hello")
+    assert reply_text(frames) == "Fine." and frames[-1]["status"] == "complete"
+    first, second = fake.chat_requests
+    assert "tools" in first["json"] and "tools" not in second["json"]
+    client.turn("again")
+    assert "tools" not in fake.chat_requests[-1]["json"]
+    assert "model fake-model refused tools (400); it is offered none from now on" in app.logs()
+
+
+@pytest.mark.parametrize("mode", MODES, indirect=True)
+def test_conversations_of_a_database_from_before_tools_have_every_tool_on(request, mode, start_app, fake, tmp_path):
+    """The migration step: a conversation stored before `tools_off` existed loads with none turned off."""
+    import asyncio
+    import sqlite3
+
+    import asyncpg
+
+    from pocketchat.store import token_hash
+    from pocketchat.store.postgres import MIGRATIONS as postgres_schema
+    from pocketchat.store.postgres import SCHEMA_VERSION_TABLE
+    from pocketchat.store.sqlite import MIGRATIONS as sqlite_schema
+
+    row = ("old-conversation-id", "local", "Before tools", "fake-model", "", 1.0, 2.0)
+    insert = "INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at) VALUES "
+    if mode == "single":
+        with sqlite3.connect(tmp_path / "chat.db") as db:
+            db.create_function("token_hash", 1, token_hash)
+            for number, step in enumerate(sqlite_schema[:-1], start=1):
+                db.executescript(f"BEGIN; {step} PRAGMA user_version = {number}; COMMIT;")
+            db.execute(insert + "(?, ?, ?, ?, ?, ?, ?)", row)
+    else:
+
+        async def older() -> None:
+            db = await asyncpg.connect(request.getfixturevalue("fresh_postgres_url"))
+            try:
+                await db.execute(SCHEMA_VERSION_TABLE)
+                for number, step in enumerate(postgres_schema[:-1], start=1):
+                    await db.execute(step)
+                    await db.execute("INSERT INTO schema_version VALUES ($1, 0)", number)
+                await db.execute(insert + "($1, $2, $3, $4, $5, $6, $7)", *row)
+            finally:
+                await db.close()
+
+        asyncio.run(older())
+    app = start_app()
+    client = app.client()
+    assert client.hello("old-conversation-id")["tools_off"] == []
+    client.turn("tools, please")
+    assert "calculator" in offered(fake.chat_requests[-1])
+    patch(app, "old-conversation-id", {"tools_off": ["builtin"]})
+    assert app.client().hello("old-conversation-id")["tools_off"] == ["builtin"]
+
+
+def test_users_can_neither_add_nor_start_servers(start_app, tmp_path):
+    app = start_app("--mcp-config", mcp_config(tmp_path, {"test": []}))
+    conversation = app.client().hello()["conversation_id"]
+    rogue = {"command": sys.executable, "args": [SERVER]}
+    # Nothing a user sends names a server to start: a PATCH's unknown fields are ignored, tools_off
+    # only turns sources off, and a client's own tools are its own (client.<name>).
+    patch(app, conversation, {"mcpServers": {"rogue": rogue}, "tools_off": ["rogue"]})
+    client = app.client()
+    client.send("hello", conversation_id=conversation, tools=[{"name": "test__add"}])
+    client.until("ready")
+    assert [s["name"] for s in app.get("/api/tools")["sources"]] == ["builtin", "test"]
+    assert app.logs().count("MCP server") == app.logs().count("MCP server test")
+
+
 def test_a_bad_mcp_config_stops_the_start_with_the_reason(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"mcpServers": {"two__parts": {"command": "x"}}}))

@@ -1,5 +1,6 @@
 """Any OpenAI-compatible endpoint (OpenAI, OpenRouter, Ollama, vLLM, llama.cpp server) as a chat provider."""
 
+import logging
 import re
 import traceback
 from collections.abc import AsyncIterator, Callable
@@ -13,6 +14,7 @@ import openai
 from pocketchat.errors import ProviderError
 from utils.llm_stream import Chunk, ToolOffer
 
+logger = logging.getLogger(__name__)
 RETRYABLE_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
 # Keys look like sk-..., sk-or-v1-..., or-...; a provider may echo part of one back.
 KEY_PATTERN = re.compile(r"\b(sk|or|key)-[A-Za-z0-9_\-*]{8,}")
@@ -55,6 +57,7 @@ class OpenAIProvider:
         authorization = basic_auth or (None if api_key else openai.Omit())
         self._headers: dict[str, Any] = {} if authorization is None else {"Authorization": authorization}
         self._model = model
+        self._without_tools: set[str] = set()  # models that refused a request with tools
         self.temperature = temperature
         self.idle_limit = idle_limit
         self.connect_timeout = connect_timeout
@@ -68,7 +71,8 @@ class OpenAIProvider:
         return "provider"
 
     def supports_tools(self, model: str) -> bool:
-        return True  # OpenAI tool calls; --max-tool-steps 0 keeps them from an endpoint that has none
+        """OpenAI tool calls, unless the model refused them once (see open_stream)."""
+        return model not in self._without_tools
 
     async def warm_up(self) -> None:
         return None  # nothing to load; the model list is asked for on first use
@@ -129,23 +133,37 @@ class OpenAIProvider:
         if tools is not None:
             body["tools"], body["tool_choice"] = tools.tools, tools.choice
         try:
-            # The SDK's chat.completions.create() builds a pydantic object per chunk, which was a third
-            # of the server's CPU under load; cast_to=object keeps its HTTP, SSE, auth and errors but
-            # yields each chunk as the plain dict the provider sent.
-            stream = await self.client.post(
-                "/chat/completions",
-                body=body,
-                cast_to=object,
-                stream=True,
-                stream_cls=openai.AsyncStream[object],  # object: each chunk as parsed, untouched
-                options={"headers": self._headers},
-            )
+            try:
+                stream = await self._post(body)
+            except openai.APIStatusError as error:
+                if tools is None or not _refuses_tools(error):
+                    raise
+                # A model without tool calls (Ollama's "does not support tools", vLLM without a tool
+                # parser, a llama.cpp server without --jinja): asked again without them, and offered
+                # none from now on. Nothing was streamed yet.
+                logger.warning("model %s refused tools (%s); it is offered none from now on", model, error.status_code)
+                self._without_tools.add(model)
+                del body["tools"], body["tool_choice"]
+                stream = await self._post(body)
         except openai.OpenAIError as error:
             raise self.translate(error) from None
         try:
             yield self._errors_translated(stream)
         finally:
             await stream.close()
+
+    async def _post(self, body: dict[str, Any]) -> Any:
+        # The SDK's chat.completions.create() builds a pydantic object per chunk, which was a third of
+        # the server's CPU under load; cast_to=object keeps its HTTP, SSE, auth and errors but yields
+        # each chunk as the plain dict the provider sent.
+        return await self.client.post(
+            "/chat/completions",
+            body=body,
+            cast_to=object,
+            stream=True,
+            stream_cls=openai.AsyncStream[object],  # object: each chunk as parsed, untouched
+            options={"headers": self._headers},
+        )
 
     async def _errors_translated(self, stream: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
         try:
@@ -244,6 +262,11 @@ def _cut_off_waiting_for_the_pool(causes: list[BaseException]) -> bool:
     """
     frames = (frame for cause in causes for frame, _ in traceback.walk_tb(cause.__traceback__))
     return any(frame.f_code.co_name == "_wait_for_available_connection" for frame in frames)
+
+
+def _refuses_tools(error: openai.APIStatusError) -> bool:
+    """Whether the provider refused the request for its tools (the model or the server has none)."""
+    return error.status_code in (400, 422, 500, 501) and "tool" in _body_message(error).lower()
 
 
 def _body_message(error: openai.APIError) -> str:
