@@ -2,7 +2,8 @@
 
 Its tools: `add` (two integers), `shout` (a text, upper-cased, `times` times: a result of any size),
 `slow` (sleeps, and notes its cancellation in the file `--cancelled-file` names), `hang` (never
-returns), `crash` (the process exits), `environment` (a variable of its environment). `--fail-at-start`
+returns), `crash` (the process exits), `grow` (adds a tool, and says so), `environment` (a variable of its
+environment). `--fail-at-start`
 exits before speaking MCP (saying its TOKEN variable on stderr); `--hang-at-start` never answers;
 `--http PORT` serves streamable HTTP."""
 
@@ -14,6 +15,7 @@ from pathlib import Path
 
 import anyio
 from mcp.server import MCPServer
+from mcp.server.mcpserver import Context
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--fail-at-start", action="store_true")
@@ -64,6 +66,19 @@ def hang() -> str:
 def crash() -> str:
     """Exit the server process."""
     os._exit(3)
+
+
+@server.tool()
+async def grow(ctx: Context) -> str:
+    """Add a tool `extra`, and say the tool list changed."""
+
+    def extra() -> str:
+        """A tool added while the server runs."""
+        return "extra"
+
+    server.add_tool(extra)
+    await ctx.session.send_tool_list_changed()
+    return "grown"
 
 
 @server.tool()

@@ -234,7 +234,7 @@ def test_a_server_that_crashes_mid_call_gives_an_error_result_and_is_started_aga
     assert result["data"]["error"].startswith("The MCP server test failed")
     assert frames[-1]["status"] == "complete" and reply_text(frames) == "It crashed."
     wait_for(lambda: "MCP server test failed" in app.logs(), 10)
-    wait_for(lambda: source(app, "test")["status"] == "ok" and app.logs().count("MCP server test: 6 tools") == 2, 15)
+    wait_for(lambda: source(app, "test")["status"] == "ok" and app.logs().count("MCP server test: 7 tools") == 2, 15)
     fake.queue(Reply(calls=[Call("test__add", {"a": 20, "b": 22})]), Reply(tokens=["42"]))
     assert steps(client.turn("add"), "tool_result")[0]["data"]["result"] == "42"
 
@@ -279,6 +279,17 @@ def test_a_socket_that_arrives_mid_tool_gets_each_step_once(start_app, fake, tmp
     kinds = [s["kind"] for s in running["steps"]] + [s["kind"] for s in steps(followed)]
     assert sorted(kinds) == ["tool_call", "tool_call", "tool_result", "tool_result"]
     assert reply_text(followed) == "Two." and running["content"] == "One. "
+
+
+def test_a_server_that_says_its_tools_changed_is_listed_again_at_once(start_app, fake, tmp_path):
+    app = start_app("--mcp-config", mcp_config(tmp_path, {"test": []}))
+    fake.queue(Reply(calls=[Call("test__grow")]), Reply(tokens=["Grown."]))
+    client = app.client()
+    client.hello()
+    client.turn("grow a tool")
+    wait_for(lambda: "test.extra" in [t["name"] for t in source(app, "test")["tools"]], 5)  # not 30 s later
+    client.turn("and now?")
+    assert "test__extra" in offered(fake.chat_requests[-1])
 
 
 def test_an_mcp_server_over_streamable_http_with_headers(start_app, fake, tmp_path):
@@ -490,7 +501,7 @@ def test_a_conversation_turns_a_servers_tools_off_and_on(start_app, fake, tmp_pa
     patch(app, conversation, {"tools_off": ["builtin"]})
     client.turn("the server's tools again")
     assert offered(fake.chat_requests[-1]) == [
-        f"test__{name}" for name in ("add", "shout", "slow", "hang", "crash", "environment")
+        f"test__{name}" for name in ("add", "shout", "slow", "hang", "crash", "grow", "environment")
     ]
     with pytest.raises(urllib.error.HTTPError) as refused:
         patch(app, conversation, {"tools_off": ["no spaces allowed"]})
