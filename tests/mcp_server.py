@@ -10,6 +10,7 @@ exits before speaking MCP (saying its TOKEN variable on stderr); `--hang-at-star
 import argparse
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +24,17 @@ parser.add_argument("--hang-at-start", action="store_true")
 parser.add_argument("--cancelled-file", type=Path)
 parser.add_argument("--http", type=int)
 options = parser.parse_args()
+
+
+def exit_with_parent() -> None:
+    """The tests kill apps with SIGKILL: a server whose `hang` holds a thread would outlive its app."""
+    parent = os.getppid()
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    os._exit(0)
+
+
+threading.Thread(target=exit_with_parent, daemon=True).start()
 if options.fail_at_start:
     sys.exit(f"this server fails at start on purpose (TOKEN={os.environ.get('TOKEN', '')})")  # a secret, said
 if options.hang_at_start:
