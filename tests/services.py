@@ -28,7 +28,7 @@ import asyncpg
 import pytest
 import redis
 
-from pocketchat.store.postgres import describe
+from pocketchat.store.postgres_connection import describe
 
 
 def free_port() -> int:

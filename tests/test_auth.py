@@ -15,7 +15,7 @@ from websockets.sync.client import connect
 
 import main
 from pocketchat.settings import Settings
-from pocketchat.store.sqlite import MIGRATIONS
+from pocketchat.store.sqlite_schema import MIGRATIONS
 from tests.conftest import ROOT, AppProcess
 from tests.test_protocol import wait_for
 

@@ -420,8 +420,13 @@ class Reconnecting:
             self.attempts += 1
             try:
                 with connect(self.ws_url, additional_headers={"Cookie": self.cookie}, open_timeout=5) as socket:
-                    socket.send(json.dumps({"type": "hello", "session_id": self.session}))
+                    socket.send(json.dumps({"type": "hello", "conversation_id": self.session}))
                     assert json.loads(socket.recv(5))["type"] == "ready"
+            except ConnectionClosed as closed:
+                # 1012: the handshake reached a replica as it began to stop, which says so; the page
+                # reconnects at once, as it does after any 1012 (docs/protocol.md). Anything else failed.
+                if closed.rcvd is None or closed.rcvd.code != 1012:
+                    self.failures.append((time.monotonic(), f"{type(closed).__name__}: {closed}"))
             except Exception as error:  # a refused handshake (502), a socket cut: a page that saw nothing
                 self.failures.append((time.monotonic(), f"{type(error).__name__}: {error}"))
             time.sleep(0.02)

@@ -12,9 +12,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from pocketchat.store.postgres import MIGRATIONS as postgres_schema
-from pocketchat.store.postgres import SCHEMA_VERSION_TABLE
-from pocketchat.store.sqlite import MIGRATIONS as sqlite_schema
+from pocketchat.store.postgres_schema import MIGRATIONS as postgres_schema
+from pocketchat.store.postgres_schema import SCHEMA_VERSION_TABLE
+from pocketchat.store.sqlite_schema import MIGRATIONS as sqlite_schema
 from tests.conftest import MODES, ROOT, AppProcess
 from tests.test_auth import sign_in
 

@@ -21,7 +21,9 @@ from pocketchat.records import ConversationRecord, Message
 from pocketchat.settings import Settings
 from pocketchat.store import Store, make_store
 from pocketchat.store import postgres as pg_store
-from pocketchat.store.postgres import MIGRATIONS, PostgresStore
+from pocketchat.store import postgres_connection as pg_connection
+from pocketchat.store.postgres import PostgresStore
+from pocketchat.store.postgres_schema import MIGRATIONS
 from pocketchat.store.sqlite import Job, SqliteStore
 from tests.services import database_name, postgres_admin
 
@@ -389,7 +391,7 @@ def test_replicas_opening_a_fresh_database_together_apply_the_schema_once(fresh_
             await replica.close()
         return opened, versions
 
-    with caplog.at_level(logging.INFO, logger="pocketchat.store.postgres"):
+    with caplog.at_level(logging.INFO, logger="pocketchat.store.postgres_schema"):
         opened, versions = asyncio.run(scenario())
     assert opened == [0] * 6
     assert versions == list(range(1, len(MIGRATIONS) + 1))
@@ -551,8 +553,9 @@ class FreezingRelay:
 
 def test_shutdown_is_bounded_when_the_server_stops_answering(fresh_postgres_url, monkeypatch, caplog):
     # Short timeouts, so that the test lasts seconds; the app's own are longer, and the bound with them.
-    monkeypatch.setattr(pg_store, "CONNECT_TIMEOUT", 0.5)
-    monkeypatch.setattr(pg_store, "COMMAND_TIMEOUT", 0.5)
+    for module in (pg_connection, pg_store):  # the writer's connection, and the readers' pool
+        monkeypatch.setattr(module, "CONNECT_TIMEOUT", 0.5)
+        monkeypatch.setattr(module, "COMMAND_TIMEOUT", 0.5)
     monkeypatch.setattr(pg_store, "CLOSE_TIMEOUT", 3.0)
 
     async def scenario():

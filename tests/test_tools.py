@@ -567,9 +567,9 @@ def test_conversations_of_a_database_from_before_tools_have_every_tool_on(reques
     import asyncpg
 
     from pocketchat.store import token_hash
-    from pocketchat.store.postgres import MIGRATIONS as postgres_schema
-    from pocketchat.store.postgres import SCHEMA_VERSION_TABLE
-    from pocketchat.store.sqlite import MIGRATIONS as sqlite_schema
+    from pocketchat.store.postgres_schema import MIGRATIONS as postgres_schema
+    from pocketchat.store.postgres_schema import SCHEMA_VERSION_TABLE
+    from pocketchat.store.sqlite_schema import MIGRATIONS as sqlite_schema
 
     row = ("old-conversation-id", "local", "Before tools", "fake-model", "", 1.0, 2.0)
     insert = "INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at) VALUES "

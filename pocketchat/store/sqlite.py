@@ -20,141 +20,21 @@ from typing import Any, TypeVar
 from pocketchat.records import (
     CONVERSATION_COLUMNS,
     ConversationRecord,
-    DocumentRecord,
     ImageRecord,
     Message,
     MessageHit,
-    Passage,
     with_images,
 )
-from pocketchat.store import TOMBSTONE_SECONDS, like_pattern, session_hash, token_hash
+from pocketchat.store import TOMBSTONE_SECONDS, like_pattern, session_hash
 from pocketchat.store.queued import QueuedStore, Row
+from pocketchat.store.sqlite_attachments import IMAGE_COLUMNS, SqliteAttachments
+from pocketchat.store.sqlite_schema import migrate
 from pocketchat.store.writes import Database, Job
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Work = Callable[[sqlite3.Connection], T]  # run on the writer's thread, with the write connection
 PRIVATE = 0o600  # the database's files: read and written by the user the app runs as, nobody else
-
-# The schema, one step per version; `PRAGMA user_version` says how many steps a file has had. The
-# first step is the schema of the first release, so its files (version 0) take it as a no-op.
-MIGRATIONS = [
-    """
-CREATE TABLE IF NOT EXISTS conversations (
-    id TEXT PRIMARY KEY,
-    title TEXT,
-    model TEXT NOT NULL,
-    system_prompt TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    id TEXT NOT NULL UNIQUE,
-    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    turn_id TEXT,
-    role TEXT NOT NULL,
-    content TEXT NOT NULL,
-    reasoning TEXT NOT NULL DEFAULT '',
-    status TEXT NOT NULL,
-    error TEXT,
-    meta TEXT NOT NULL DEFAULT '{}',
-    created_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, seq);
-""",
-    # Sign-in: every conversation has an owner (the one local user, for those made before), sessions
-    # are recorded so that they can be revoked, and the secret that signs them lives here.
-    """
-ALTER TABLE conversations ADD COLUMN owner TEXT NOT NULL DEFAULT 'local';
-CREATE INDEX conversations_by_owner ON conversations(owner, updated_at);
-CREATE TABLE sessions (
-    id_hash TEXT PRIMARY KEY,
-    user TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    expires_at REAL NOT NULL,
-    revoked_at REAL
-);
-CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
-""",
-    # The generated access token is kept as its hash: a copy of the file signs nobody in. (`token_hash`
-    # is registered on the connection that migrates; secure_delete zeroes the clear value's bytes.)
-    """
-PRAGMA secure_delete = ON;
-INSERT OR REPLACE INTO secrets (name, value)
-    SELECT 'access_token_hash', token_hash(value) FROM secrets WHERE name = 'access_token';
-DELETE FROM secrets WHERE name = 'access_token';
-""",
-    # Deleted conversations, for a day: with replicas (PostgreSQL's step 3), one whose first turn of a
-    # conversation started as another deleted it must not store it again. Here for the same schema.
-    """
-CREATE TABLE deleted_conversations (id TEXT PRIMARY KEY, deleted_at REAL NOT NULL);
-""",
-    # Documents: files attached to a conversation (deleted with it), their passages with a vector each
-    # (float32 bytes) and a full-text index of the passages (FTS5, kept in step by triggers; a cascade
-    # from a deleted conversation or document fires them too).
-    """
-CREATE TABLE documents (
-    id TEXT PRIMARY KEY,
-    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    owner TEXT NOT NULL,
-    name TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    status TEXT NOT NULL,
-    error TEXT,
-    progress REAL NOT NULL DEFAULT 0,
-    chunks INTEGER NOT NULL DEFAULT 0,
-    embedder TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL
-);
-CREATE INDEX documents_by_conversation ON documents(conversation_id, created_at);
-CREATE INDEX documents_by_owner ON documents(owner);
-CREATE TABLE chunks (
-    id INTEGER PRIMARY KEY,
-    document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
-    conversation_id TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    page INTEGER,
-    text TEXT NOT NULL,
-    vector BLOB NOT NULL
-);
-CREATE INDEX chunks_by_document ON chunks(document_id, seq);
-CREATE VIRTUAL TABLE chunks_text USING fts5(text, content='chunks', content_rowid='id', tokenize='porter unicode61');
-CREATE TRIGGER chunks_text_insert AFTER INSERT ON chunks BEGIN
-    INSERT INTO chunks_text(rowid, text) VALUES (new.id, new.text);
-END;
-CREATE TRIGGER chunks_text_delete AFTER DELETE ON chunks BEGIN
-    INSERT INTO chunks_text(chunks_text, rowid, text) VALUES ('delete', old.id, old.text);
-END;
-""",
-    # Images attached to user messages (deleted with their conversation), bytes and all. `message_id` is
-    # NULL while one waits to go with the next message. It names the message without a foreign key: an
-    # edit or a regenerate deletes the message and writes it again under the same id, images and all.
-    """
-CREATE TABLE images (
-    id TEXT PRIMARY KEY,
-    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
-    owner TEXT NOT NULL,
-    message_id TEXT,
-    name TEXT NOT NULL,
-    type TEXT NOT NULL,
-    size INTEGER NOT NULL,
-    width INTEGER NOT NULL,
-    height INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    data BLOB NOT NULL
-);
-CREATE INDEX images_by_conversation ON images(conversation_id, created_at);
-CREATE INDEX images_by_owner ON images(owner);
-""",
-    # Tools: the tool sources a conversation turned off (JSON: a list of names; none before).
-    """
-ALTER TABLE conversations ADD COLUMN tools_off TEXT NOT NULL DEFAULT '[]';
-""",
-]
-
-IMAGE_COLUMNS = ", ".join(ImageRecord.FIELDS)  # an image's record without its bytes
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
 # replica that took its turn over) no later write changes it: a producer that was paused past its lease
@@ -174,18 +54,6 @@ def _connect(path: Path) -> sqlite3.Connection:
     connection.execute("PRAGMA foreign_keys = ON")
     connection.execute("PRAGMA busy_timeout = 5000")
     return connection
-
-
-def _migrate(db: sqlite3.Connection) -> None:
-    """Bring the file's schema up to date, each step in its own transaction."""
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    db.create_function("token_hash", 1, token_hash, deterministic=True)
-    for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
-        db.executescript(f"BEGIN; {step} PRAGMA user_version = {number}; COMMIT;")
-        logger.info("database schema upgraded to version %d", number)
-    if version < len(MIGRATIONS):
-        # Old versions of rows (a clear token, say) stay in the write-ahead log until it is emptied.
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
 
 def _keep_private(path: Path) -> None:
@@ -281,7 +149,7 @@ def _roll_back(db: sqlite3.Connection) -> None:
         db.rollback()  # SQLite may have rolled it back already (a full disk does)
 
 
-class SqliteStore(QueuedStore[_WriteConnection]):
+class SqliteStore(SqliteAttachments, QueuedStore[_WriteConnection]):
     """The store in one SQLite file: the default, for one process."""
 
     def __init__(self, path: Path) -> None:
@@ -303,7 +171,7 @@ class SqliteStore(QueuedStore[_WriteConnection]):
         # With WAL, NORMAL loses nothing when the process crashes, only on power loss, and spares an
         # fsync per commit.
         connection.execute("PRAGMA synchronous = NORMAL")
-        _migrate(connection)
+        migrate(connection)
         sweep = "UPDATE messages SET status = 'interrupted' WHERE status = 'streaming'"
         interrupted = connection.execute(sweep).rowcount if sweep_streaming else 0
         forgotten = "DELETE FROM deleted_conversations WHERE deleted_at < ?"
@@ -441,160 +309,3 @@ class SqliteStore(QueuedStore[_WriteConnection]):
         where, args = ("id_hash = ?", (id_hash,)) if id_hash else ("1 = 1", ())
         query = f"UPDATE sessions SET revoked_at = ? WHERE revoked_at IS NULL AND {where}"
         return lambda db: db.execute(query, (time.time(), *args)).rowcount
-
-    # ---- documents -------------------------------------------------------------------------------
-
-    def add_document(self, document: DocumentRecord) -> asyncio.Future[Any]:
-        marks = ", ".join("?" * len(DocumentRecord.FIELDS))
-        query = f"INSERT INTO documents ({', '.join(DocumentRecord.FIELDS)}) VALUES ({marks})"
-        row = document.to_row()
-        return self._write(lambda db: db.execute(query, row), document.conversation_id, retry=False)
-
-    def document_progress(self, document: DocumentRecord) -> asyncio.Future[Any]:
-        """Write how far its indexing went (and that it goes on: `updated_at`)."""
-        query = "UPDATE documents SET progress = ?, updated_at = ? WHERE id = ? AND status = 'indexing'"
-        row = (document.progress, time.time(), document.id)
-        return self._write(lambda db: db.execute(query, row), document.conversation_id, retry=False)
-
-    def add_chunks(
-        self, document: DocumentRecord, rows: list[tuple[int, int | None, str, bytes]]
-    ) -> asyncio.Future[Any]:
-        """Store passages (seq, page, text, vector) of a document being indexed; retrieval ignores them
-        until `finish_document` marks it ready."""
-        query = "INSERT INTO chunks (document_id, conversation_id, seq, page, text, vector) VALUES (?, ?, ?, ?, ?, ?)"
-        values = [(document.id, document.conversation_id, *row) for row in rows]
-
-        def work(db: sqlite3.Connection) -> None:
-            db.executemany(query, values)
-            db.execute("UPDATE documents SET updated_at = ? WHERE id = ?", (time.time(), document.id))
-
-        return self._write(work, document.conversation_id, retry=False)
-
-    def finish_document(self, document: DocumentRecord) -> asyncio.Future[bool]:
-        """Mark it ready, or failed (its passages deleted), if it is still indexing; whether it was."""
-        query = "UPDATE documents SET status = ?, error = ?, progress = ?, chunks = ?, updated_at = ?"
-        query += " WHERE id = ? AND status = 'indexing'"
-        row = (document.status, document.error, document.progress, document.chunks, time.time(), document.id)
-
-        def work(db: sqlite3.Connection) -> bool:
-            if document.status == "failed":
-                db.execute("DELETE FROM chunks WHERE document_id = ?", (document.id,))
-            return db.execute(query, row).rowcount > 0
-
-        return self._write(work, document.conversation_id, retry=False)
-
-    def delete_document(self, conversation_id: str, document_id: str) -> asyncio.Future[bool]:
-        query = "DELETE FROM documents WHERE id = ? AND conversation_id = ?"
-        return self._write(
-            lambda db: db.execute(query, (document_id, conversation_id)).rowcount > 0, conversation_id, False
-        )
-
-    def sweep_documents(self, stale_before: float) -> asyncio.Future[list[DocumentRecord]]:
-        """Mark failed the documents still `indexing` whose indexing gave no sign of life since
-        `stale_before` (a process that died), deleting their passages; return them."""
-        error = "Indexing was cut short (the server stopped). Remove it and attach it again."
-
-        def work(db: sqlite3.Connection) -> list[DocumentRecord]:
-            where = "status = 'indexing' AND updated_at < ?"
-            found = [
-                DocumentRecord.from_row(r)
-                for r in db.execute(f"SELECT * FROM documents WHERE {where}", (stale_before,))
-            ]
-            for document in found:
-                db.execute("DELETE FROM chunks WHERE document_id = ?", (document.id,))
-                db.execute("UPDATE documents SET status = 'failed', error = ? WHERE id = ?", (error, document.id))
-                document.status, document.error = "failed", error
-            return found
-
-        return self._write(work, None, retry=False)
-
-    async def list_documents(self, conversation_id: str, owner: str) -> list[DocumentRecord]:
-        query = "SELECT * FROM documents WHERE conversation_id = ? AND owner = ? ORDER BY created_at, id"
-        rows = await self._read(lambda db: db.execute(query, (conversation_id, owner)).fetchall())
-        return [DocumentRecord.from_row(row) for row in rows]
-
-    async def document_usage(self, conversation_id: str, owner: str) -> tuple[int, int]:
-        """How many documents the conversation has, and how many bytes the owner's documents take."""
-        query = (
-            "SELECT count(*) FILTER (WHERE conversation_id = ?), coalesce(sum(size), 0) FROM documents WHERE owner = ?"
-        )
-        row = await self._read(lambda db: db.execute(query, (conversation_id, owner)).fetchone())
-        return int(row[0]), int(row[1])
-
-    async def document_vectors(self, document_id: str) -> tuple[list[int], list[bytes]]:
-        """The ids of a document's passages and their vectors, in order."""
-        query = "SELECT id, vector FROM chunks WHERE document_id = ? ORDER BY seq"
-        rows = await self._read(lambda db: db.execute(query, (document_id,)).fetchall())
-        return [row[0] for row in rows], [row[1] for row in rows]
-
-    async def search_passages(self, document_ids: list[str], terms: list[str], most: int) -> list[int]:
-        """The ids of the passages of these documents that hold any of `terms`, best first (BM25)."""
-        if not terms or not document_ids:
-            return []
-        match = " OR ".join('"' + term.replace('"', "") + '"' for term in terms)
-        marks = ",".join("?" * len(document_ids))
-        query = (
-            "SELECT c.id FROM chunks_text JOIN chunks c ON c.id = chunks_text.rowid"
-            f" WHERE chunks_text MATCH ? AND c.document_id IN ({marks}) ORDER BY chunks_text.rank LIMIT ?"
-        )
-        rows = await self._read(lambda db: db.execute(query, (match, *document_ids, most)).fetchall())
-        return [row[0] for row in rows]
-
-    async def passages(self, owner: str, ids: list[int]) -> list[Passage]:
-        """These passages, if `owner` owns their documents (in no particular order)."""
-        if not ids:
-            return []
-        marks = ",".join("?" * len(ids))
-        query = (
-            "SELECT c.id, c.document_id, d.name, c.page, c.text, c.seq FROM chunks c"
-            f" JOIN documents d ON d.id = c.document_id WHERE c.id IN ({marks}) AND d.owner = ?"
-        )
-        rows = await self._read(lambda db: db.execute(query, (*ids, owner)).fetchall())
-        return [Passage(row[0], row[1], row[2], row[3], row[4], row[5]) for row in rows]
-
-    # ---- images ----------------------------------------------------------------------------------
-
-    def add_image(self, image: ImageRecord, data: bytes) -> asyncio.Future[Any]:
-        query = f"INSERT INTO images ({IMAGE_COLUMNS}, data) VALUES ({', '.join('?' * len(ImageRecord.FIELDS))}, ?)"
-        row = (*image.to_row(), data)
-        return self._write(lambda db: db.execute(query, row), image.conversation_id, retry=False)
-
-    def attach_images(self, conversation_id: str, message_id: str, image_ids: list[str]) -> asyncio.Future[Any]:
-        marks = ",".join("?" * len(image_ids))
-        # Only waiting ones (or the message's own, written again by an edit): never another message's.
-        query = f"UPDATE images SET message_id = ? WHERE conversation_id = ? AND id IN ({marks})"
-        query += " AND (message_id IS NULL OR message_id = ?)"
-        row = (message_id, conversation_id, *image_ids, message_id)
-        return self._write(lambda db: db.execute(query, row), conversation_id)
-
-    def delete_image(self, conversation_id: str, image_id: str) -> asyncio.Future[bool]:
-        query = "DELETE FROM images WHERE id = ? AND conversation_id = ? AND message_id IS NULL"
-        row = (image_id, conversation_id)
-        return self._write(lambda db: db.execute(query, row).rowcount > 0, conversation_id, retry=False)
-
-    async def waiting_images(self, conversation_id: str, owner: str) -> list[ImageRecord]:
-        query = f"SELECT {IMAGE_COLUMNS} FROM images WHERE conversation_id = ? AND owner = ? AND message_id IS NULL"
-        rows = await self._read(
-            lambda db: db.execute(query + " ORDER BY created_at, id", (conversation_id, owner)).fetchall()
-        )
-        return [ImageRecord.from_row(row) for row in rows]
-
-    async def image_usage(self, conversation_id: str, owner: str) -> tuple[int, int]:
-        query = (
-            "SELECT count(*) FILTER (WHERE conversation_id = ? AND message_id IS NULL), coalesce(sum(size), 0)"
-            " FROM images WHERE owner = ?"
-        )
-        row = await self._read(lambda db: db.execute(query, (conversation_id, owner)).fetchone())
-        return int(row[0]), int(row[1])
-
-    async def image(self, conversation_id: str, image_id: str, owner: str) -> tuple[ImageRecord, bytes] | None:
-        query = f"SELECT {IMAGE_COLUMNS}, data FROM images WHERE id = ? AND conversation_id = ? AND owner = ?"
-        row = await self._read(lambda db: db.execute(query, (image_id, conversation_id, owner)).fetchone())
-        return None if row is None else (ImageRecord.from_row(row), row["data"])
-
-    async def image_data(self, owner: str, ids: list[str]) -> dict[str, tuple[str, bytes]]:
-        if not ids:
-            return {}
-        query = f"SELECT id, type, data FROM images WHERE owner = ? AND id IN ({','.join('?' * len(ids))})"
-        rows = await self._read(lambda db: db.execute(query, (owner, *ids)).fetchall())
-        return {row[0]: (row[1], row[2]) for row in rows}

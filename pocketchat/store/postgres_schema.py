@@ -1,0 +1,148 @@
+"""The PostgreSQL database's schema: one step per version, `schema_version` holding a row per step
+applied, and `migrate` bringing it up to date at start under an advisory lock, so that replicas
+starting together migrate it once."""
+
+import logging
+import time
+
+import asyncpg
+
+logger = logging.getLogger(__name__)
+START_TIMEOUT = 300.0  # seconds for start-up statements: waiting for another replica's migration, the sweep
+
+# The key of the advisory lock that serialises migrations (any constant, the same in every replica).
+SCHEMA_LOCK = 0x706F636B6574  # "pocket"
+
+# The schema, one step per version; `schema_version` holds a row per step applied. PostgreSQL applies
+# DDL in transactions, so a step and its row land together or not at all.
+SCHEMA_VERSION_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_version (version INTEGER PRIMARY KEY, applied_at DOUBLE PRECISION NOT NULL)
+"""
+MIGRATIONS = [
+    # The tables and columns of SQLite's schema (its steps 1 and 2). Timestamps are float seconds, as
+    # in SQLite, so that records round-trip exactly; meta is the JSON text SQLite keeps (JSONB would
+    # reorder its keys). "user" is quoted: unquoted it is PostgreSQL's CURRENT_USER.
+    """
+CREATE TABLE conversations (
+    id TEXT PRIMARY KEY,
+    title TEXT,
+    model TEXT NOT NULL,
+    system_prompt TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL,
+    owner TEXT NOT NULL DEFAULT 'local'
+);
+CREATE INDEX conversations_by_owner ON conversations (owner, updated_at);
+CREATE TABLE messages (
+    seq BIGSERIAL PRIMARY KEY,
+    id TEXT NOT NULL UNIQUE,
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    turn_id TEXT,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    reasoning TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL,
+    error TEXT,
+    meta TEXT NOT NULL DEFAULT '{}',
+    created_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX messages_by_conversation ON messages (conversation_id, seq);
+CREATE TABLE sessions (
+    id_hash TEXT PRIMARY KEY,
+    "user" TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    expires_at DOUBLE PRECISION NOT NULL,
+    revoked_at DOUBLE PRECISION
+);
+CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+""",
+    # The generated access token is kept as its hash (hex SHA-256, as `token_hash` makes it): a copy of
+    # the database signs nobody in.
+    """
+INSERT INTO secrets (name, value)
+    SELECT 'access_token_hash', encode(sha256(convert_to(value, 'UTF8')), 'hex') FROM secrets
+    WHERE name = 'access_token'
+    ON CONFLICT (name) DO UPDATE SET value = excluded.value;
+DELETE FROM secrets WHERE name = 'access_token';
+""",
+    # Deleted conversations, for a day: a replica whose first turn of a conversation started as another
+    # deleted it must not store it again (SQLite's step 4).
+    """
+CREATE TABLE deleted_conversations (id TEXT PRIMARY KEY, deleted_at DOUBLE PRECISION NOT NULL);
+""",
+    # Documents (SQLite's step 5): files attached to a conversation (deleted with it), their passages
+    # with a vector each (float32 bytes), and a full-text index of the passages (a tsvector column the
+    # server keeps, with a GIN index).
+    """
+CREATE TABLE documents (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    owner TEXT NOT NULL,
+    name TEXT NOT NULL,
+    size BIGINT NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    progress DOUBLE PRECISION NOT NULL DEFAULT 0,
+    chunks INTEGER NOT NULL DEFAULT 0,
+    embedder TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX documents_by_conversation ON documents (conversation_id, created_at);
+CREATE INDEX documents_by_owner ON documents (owner);
+CREATE TABLE chunks (
+    id BIGSERIAL PRIMARY KEY,
+    document_id TEXT NOT NULL REFERENCES documents (id) ON DELETE CASCADE,
+    conversation_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    page INTEGER,
+    text TEXT NOT NULL,
+    vector BYTEA NOT NULL,
+    words TSVECTOR GENERATED ALWAYS AS (to_tsvector('english', text)) STORED
+);
+CREATE INDEX chunks_by_document ON chunks (document_id, seq);
+CREATE INDEX chunks_words ON chunks USING GIN (words);
+""",
+    # Images attached to user messages (SQLite's step 6): deleted with their conversation, bytes and all;
+    # `message_id` NULL while one waits to go with the next message (no foreign key: an edit writes its
+    # message again under the same id).
+    """
+CREATE TABLE images (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    owner TEXT NOT NULL,
+    message_id TEXT,
+    name TEXT NOT NULL,
+    type TEXT NOT NULL,
+    size BIGINT NOT NULL,
+    width INTEGER NOT NULL,
+    height INTEGER NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL,
+    data BYTEA NOT NULL
+);
+CREATE INDEX images_by_conversation ON images (conversation_id, created_at);
+CREATE INDEX images_by_owner ON images (owner);
+""",
+    # Tools (SQLite's step 7): the tool sources a conversation turned off, as JSON text (a list of names).
+    """
+ALTER TABLE conversations ADD COLUMN tools_off TEXT NOT NULL DEFAULT '[]';
+""",
+]
+
+
+async def migrate(db: asyncpg.Connection) -> None:
+    """Bring the database's schema up to date. Replicas that start together queue on the advisory lock;
+    each one after the first finds the steps applied and applies nothing."""
+    async with db.transaction():
+        # Waiting for another replica's migration, and migrating, may take longer than any write.
+        await db.execute("SET LOCAL lock_timeout = 0; SET LOCAL statement_timeout = 0")
+        # The transaction-scoped lock is released by the commit (or by the server if this process dies).
+        await db.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK, timeout=START_TIMEOUT)
+        await db.execute(SCHEMA_VERSION_TABLE)
+        version = await db.fetchval("SELECT coalesce(max(version), 0) FROM schema_version")
+        if version > len(MIGRATIONS):
+            logger.warning("database schema version %d is newer than this release's %d", version, len(MIGRATIONS))
+        for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
+            await db.execute(step, timeout=START_TIMEOUT)
+            await db.execute("INSERT INTO schema_version VALUES ($1, $2)", number, time.time())
+            logger.info("database schema upgraded to version %d", number)

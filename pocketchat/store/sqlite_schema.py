@@ -1,0 +1,139 @@
+"""The SQLite file's schema: one step per version; `PRAGMA user_version` says how many steps a file
+has had, and `migrate` brings it up to date at start."""
+
+import logging
+import sqlite3
+
+from pocketchat.store import token_hash
+
+logger = logging.getLogger(__name__)
+
+# The schema, one step per version; `PRAGMA user_version` says how many steps a file has had. The
+# first step is the schema of the first release, so its files (version 0) take it as a no-op.
+MIGRATIONS = [
+    """
+CREATE TABLE IF NOT EXISTS conversations (
+    id TEXT PRIMARY KEY,
+    title TEXT,
+    model TEXT NOT NULL,
+    system_prompt TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    id TEXT NOT NULL UNIQUE,
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    turn_id TEXT,
+    role TEXT NOT NULL,
+    content TEXT NOT NULL,
+    reasoning TEXT NOT NULL DEFAULT '',
+    status TEXT NOT NULL,
+    error TEXT,
+    meta TEXT NOT NULL DEFAULT '{}',
+    created_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, seq);
+""",
+    # Sign-in: every conversation has an owner (the one local user, for those made before), sessions
+    # are recorded so that they can be revoked, and the secret that signs them lives here.
+    """
+ALTER TABLE conversations ADD COLUMN owner TEXT NOT NULL DEFAULT 'local';
+CREATE INDEX conversations_by_owner ON conversations(owner, updated_at);
+CREATE TABLE sessions (
+    id_hash TEXT PRIMARY KEY,
+    user TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    expires_at REAL NOT NULL,
+    revoked_at REAL
+);
+CREATE TABLE secrets (name TEXT PRIMARY KEY, value TEXT NOT NULL);
+""",
+    # The generated access token is kept as its hash: a copy of the file signs nobody in. (`token_hash`
+    # is registered on the connection that migrates; secure_delete zeroes the clear value's bytes.)
+    """
+PRAGMA secure_delete = ON;
+INSERT OR REPLACE INTO secrets (name, value)
+    SELECT 'access_token_hash', token_hash(value) FROM secrets WHERE name = 'access_token';
+DELETE FROM secrets WHERE name = 'access_token';
+""",
+    # Deleted conversations, for a day: with replicas (PostgreSQL's step 3), one whose first turn of a
+    # conversation started as another deleted it must not store it again. Here for the same schema.
+    """
+CREATE TABLE deleted_conversations (id TEXT PRIMARY KEY, deleted_at REAL NOT NULL);
+""",
+    # Documents: files attached to a conversation (deleted with it), their passages with a vector each
+    # (float32 bytes) and a full-text index of the passages (FTS5, kept in step by triggers; a cascade
+    # from a deleted conversation or document fires them too).
+    """
+CREATE TABLE documents (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    owner TEXT NOT NULL,
+    name TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    error TEXT,
+    progress REAL NOT NULL DEFAULT 0,
+    chunks INTEGER NOT NULL DEFAULT 0,
+    embedder TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX documents_by_conversation ON documents(conversation_id, created_at);
+CREATE INDEX documents_by_owner ON documents(owner);
+CREATE TABLE chunks (
+    id INTEGER PRIMARY KEY,
+    document_id TEXT NOT NULL REFERENCES documents(id) ON DELETE CASCADE,
+    conversation_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    page INTEGER,
+    text TEXT NOT NULL,
+    vector BLOB NOT NULL
+);
+CREATE INDEX chunks_by_document ON chunks(document_id, seq);
+CREATE VIRTUAL TABLE chunks_text USING fts5(text, content='chunks', content_rowid='id', tokenize='porter unicode61');
+CREATE TRIGGER chunks_text_insert AFTER INSERT ON chunks BEGIN
+    INSERT INTO chunks_text(rowid, text) VALUES (new.id, new.text);
+END;
+CREATE TRIGGER chunks_text_delete AFTER DELETE ON chunks BEGIN
+    INSERT INTO chunks_text(chunks_text, rowid, text) VALUES ('delete', old.id, old.text);
+END;
+""",
+    # Images attached to user messages (deleted with their conversation), bytes and all. `message_id` is
+    # NULL while one waits to go with the next message. It names the message without a foreign key: an
+    # edit or a regenerate deletes the message and writes it again under the same id, images and all.
+    """
+CREATE TABLE images (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    owner TEXT NOT NULL,
+    message_id TEXT,
+    name TEXT NOT NULL,
+    type TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    width INTEGER NOT NULL,
+    height INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX images_by_conversation ON images(conversation_id, created_at);
+CREATE INDEX images_by_owner ON images(owner);
+""",
+    # Tools: the tool sources a conversation turned off (JSON: a list of names; none before).
+    """
+ALTER TABLE conversations ADD COLUMN tools_off TEXT NOT NULL DEFAULT '[]';
+""",
+]
+
+
+def migrate(db: sqlite3.Connection) -> None:
+    """Bring the file's schema up to date, each step in its own transaction."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    db.create_function("token_hash", 1, token_hash, deterministic=True)
+    for number, step in enumerate(MIGRATIONS[version:], start=version + 1):
+        db.executescript(f"BEGIN; {step} PRAGMA user_version = {number}; COMMIT;")
+        logger.info("database schema upgraded to version %d", number)
+    if version < len(MIGRATIONS):
+        # Old versions of rows (a clear token, say) stay in the write-ahead log until it is emptied.
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
