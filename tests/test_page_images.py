@@ -29,16 +29,19 @@ def loaded(images) -> list[int]:
 
 
 def test_images_attached_three_ways_go_with_the_message_and_show_on_it(page: Page, fake: FakeOpenAI):
-    page.locator("#file-picker").set_input_files([{"name": "red.png", "mimeType": "image/png", "buffer": PNG}])
-    paste(page, "green.jpg", JPEG, "image/jpeg")
-    drop(page, "blue.webp", WEBP, "image/webp")
     tray = page.locator("#images .tray-image")
+    # One after the other, each in the tray before the next: the server lists them in the order they came.
+    page.locator("#file-picker").set_input_files([{"name": "red.png", "mimeType": "image/png", "buffer": PNG}])
+    expect(tray).to_have_count(1)
+    paste(page, "green.jpg", JPEG, "image/jpeg")
+    expect(tray).to_have_count(2)
+    drop(page, "blue.webp", WEBP, "image/webp")
     expect(tray).to_have_count(3)
     expect(page.locator("#images-note")).to_be_hidden()  # fake-model sees images
     page.reload()  # they wait on the server: a reload shows them again
     expect(tray).to_have_count(3)
     expect(page.locator("#documents")).to_be_hidden()  # images, not documents
-    tray.nth(1).get_by_role("button", name="Remove “green.jpg”").click()
+    tray.get_by_role("button", name="Remove “green.jpg”").click()
     expect(tray).to_have_count(2)
 
     fake.queue(Reply(tokens=["A red and a blue square."]))
