@@ -9,27 +9,21 @@ the server, never a log line or the page (`redact`).
 """
 
 import asyncio
-import contextlib
 import json
 import logging
-import os
 import re
-import time
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal, TextIO
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import parse_qsl, urlsplit
 
-import httpx2
-from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client, types
-from mcp.client.streamable_http import streamable_http_client
-from mcp.shared._httpx_utils import create_mcp_http_client
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pocketchat.tools import BUILTIN, CLIENT, WIRE_NAME, CallContext, Tool, ToolFailed, wire_name
+from pocketchat.tools import BUILTIN, CLIENT
 
 logger = logging.getLogger("pocketchat")
+
+if TYPE_CHECKING:
+    from pocketchat.tools.mcp_server import McpServer
 
 SERVER_NAME = re.compile(r"[A-Za-z0-9-]+(_[A-Za-z0-9-]+)*")  # never "__", which joins a server to its tools
 REFRESH_SECONDS = 30.0  # how often a running server's tools are listed again (which also says it is alive)
@@ -102,207 +96,17 @@ def secrets_of(config: ServerConfig) -> list[str]:
     return sorted((secret for secret in found if len(secret) >= 3), key=len, reverse=True)
 
 
-def text_of(result: types.CallToolResult) -> str:
-    """A tool's result as the text the model reads: its text parts; other parts named; or its structured
-    content as JSON when it has no text."""
-    parts = []
-    for content in result.content:
-        text = getattr(content, "text", None)
-        parts.append(text if isinstance(text, str) else f"[{content.type} content]")
-    if not any(parts) and result.structured_content is not None:
-        return json.dumps(result.structured_content, ensure_ascii=False)
-    return "\n".join(parts)
-
-
-class ServerLost(Exception):
-    """A running server stopped answering (it crashed, or its connection broke)."""
-
-
-class McpServer:
-    """One configured server, kept running by `run` (its own task, for the app's life)."""
-
-    def __init__(self, name: str, config: ServerConfig, start_timeout: float) -> None:
-        self.name = name
-        self.config = config
-        self.start_timeout = start_timeout
-        self.status: Literal["starting", "ok", "failed"] = "starting"
-        self.error: str | None = None  # why it failed, redacted
-        self.tools: list[Tool] = []
-        self.settled = asyncio.Event()  # its first start succeeded or failed
-        self._secrets = secrets_of(config)
-        self._session: ClientSession | None = None
-        self._wake = asyncio.Event()  # a call found it gone, or it says its tools changed
-
-    def describe(self) -> dict[str, Any]:
-        """What the page's tool list shows of it (no secret: its name, state, redacted error, tools)."""
-        described: dict[str, Any] = {
-            "name": self.name,
-            "status": self.status,
-            "tools": [tool.summary() for tool in self.tools],
-        }
-        if self.error:
-            described["error"] = self.error
-        return described
-
-    def redact(self, text: str) -> str:
-        for secret in self._secrets:
-            text = text.replace(secret, "[redacted]")
-        return text[:ERROR_CHARACTERS]
-
-    async def run(self) -> None:
-        """Start the server and keep it running: started again after a failure, waiting longer each time."""
-        wait = RETRY_SECONDS[0]
-        while True:
-            started = time.monotonic()
-            try:
-                await self._serve()
-            except Exception as error:
-                self._failed(_reason(error, self.start_timeout))
-            finally:
-                self._session, self.tools = None, []
-            if time.monotonic() - started > STEADY_SECONDS:
-                wait = RETRY_SECONDS[0]
-            logger.info("MCP server %s: starting again in %g s", self.name, wait)
-            await asyncio.sleep(wait)
-            wait = min(wait * 2, RETRY_SECONDS[1])
-
-    def _failed(self, reason: str) -> None:
-        self.status, self.error = "failed", self.redact(reason)
-        self.settled.set()
-        logger.warning("MCP server %s failed: %s", self.name, self.error)
-
-    async def _serve(self) -> None:
-        self._wake.clear()
-        async with AsyncExitStack() as stack:
-            read, write = await stack.enter_async_context(self._transport())
-            session = await stack.enter_async_context(ClientSession(read, write, message_handler=self._on_message))
-            async with asyncio.timeout(self.start_timeout):
-                await session.initialize()
-                await self._list_tools(session)
-            self._session, self.status, self.error = session, "ok", None
-            self.settled.set()
-            logger.info("MCP server %s: %d tools", self.name, len(self.tools))
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), REFRESH_SECONDS)
-                self._wake.clear()
-                async with asyncio.timeout(self.start_timeout):
-                    await self._list_tools(session)  # fails if it died: then it is started again
-
-    @asynccontextmanager
-    async def _transport(self) -> AsyncIterator[Any]:
-        config = self.config
-        if isinstance(config, StdioServer):
-            # The server gets the SDK's short default environment (PATH, HOME...) and the file's env:
-            # none of PocketChat's own secrets. What it writes to stderr is logged as its own, redacted.
-            parameters = StdioServerParameters(command=config.command, args=config.args, env=config.env, cwd=config.cwd)
-            async with self._stderr() as errlog, stdio_client(parameters, errlog=errlog) as streams:
-                errlog.close()  # the server has its copy: its exit ends the reading
-                yield streams
-            return
-        timeout = httpx2.Timeout(self.start_timeout, read=300.0)
-        async with (
-            create_mcp_http_client(headers=config.headers, timeout=timeout) as http,
-            streamable_http_client(config.url, http_client=http) as streams,
-        ):
-            yield streams
-
-    @asynccontextmanager
-    async def _stderr(self) -> AsyncIterator[TextIO]:
-        """A file for the server's stderr, whose lines are logged as its own with its secrets redacted
-        (a server may print its environment when it fails)."""
-        read_end, write_end = os.pipe()
-        reader = asyncio.StreamReader()
-        pipe, _ = await asyncio.get_running_loop().connect_read_pipe(
-            lambda: asyncio.StreamReaderProtocol(reader), os.fdopen(read_end, "rb", 0)
-        )
-        errlog = os.fdopen(write_end, "w")
-
-        async def log_lines() -> None:
-            while line := await reader.readline():
-                logger.info("MCP server %s says: %s", self.name, self.redact(line.decode(errors="replace").rstrip()))
-
-        logging_task = asyncio.create_task(log_lines())
-        try:
-            yield errlog
-        finally:
-            errlog.close()
-            await asyncio.wait({logging_task}, timeout=1.0)  # its last words, if it is gone
-            logging_task.cancel()
-            pipe.close()
-
-    async def _list_tools(self, session: ClientSession) -> None:
-        listed: list[types.Tool] = []
-        cursor: str | None = None
-        while True:
-            page = await session.list_tools(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
-            listed += page.tools
-            cursor = page.next_cursor
-            if not cursor:
-                break
-        tools, seen = [], set()
-        for tool in listed:
-            # Shown as server.tool; a tool name OpenAI would refuse (a dot, a slash...) is sent with _ instead.
-            shown = f"{self.name}.{re.sub(r'[^A-Za-z0-9_-]', '_', tool.name)}"
-            if not WIRE_NAME.fullmatch(wire_name(shown)) or shown in seen:
-                logger.warning(
-                    "MCP server %s: tool %r is not offered (its name is too long or taken)", self.name, tool.name
-                )
-                continue
-            seen.add(shown)
-            schema = tool.input_schema or {"type": "object", "properties": {}}
-            tools.append(Tool(self.name, shown, tool.description or "", schema, self._caller(tool.name)))
-        self.tools = tools
-
-    def _caller(self, tool_name: str) -> Any:
-        async def call(arguments: dict[str, Any], context: CallContext) -> str:
-            return await self.call(tool_name, arguments)
-
-        return call
-
-    async def call(self, tool_name: str, arguments: dict[str, Any]) -> str:
-        """Call one of its tools; cancelling this cancels the call on the server (notifications/cancelled)."""
-        session = self._session
-        if session is None:
-            raise ToolFailed(f"The MCP server {self.name} is not running ({self.error or 'starting'}).")
-        try:
-            result = await session.call_tool(tool_name, arguments)
-        except MCPError as error:
-            if "closed" in str(error).lower():
-                self._wake.set()  # its task notices it is gone, reports it and starts it again
-            raise ToolFailed(f"The MCP server {self.name} failed: {self.redact(str(error))}") from None
-        except Exception as error:  # the connection broke under the call
-            self._wake.set()
-            raise ToolFailed(f"The MCP server {self.name} failed: {self.redact(_reason(error, 0))}") from None
-        text = text_of(result)
-        if result.is_error:
-            raise ToolFailed(text or "The tool reported an error.")
-        return text
-
-    async def _on_message(self, message: Any) -> None:
-        method = getattr(getattr(message, "root", message), "method", None)
-        if method == "notifications/tools/list_changed":
-            self._wake.set()
-
-
-def _reason(error: BaseException, timeout: float) -> str:
-    """A failure said plainly: the first leaf of an exception group, what a timeout waited for."""
-    while isinstance(error, BaseExceptionGroup) and error.exceptions:
-        error = error.exceptions[0]
-    if isinstance(error, TimeoutError):
-        return f"it did not answer within {timeout:g} s"
-    if isinstance(error, MCPError) and "closed" in str(error).lower():
-        return "it exited, or its connection closed"
-    if isinstance(error, OSError) and error.strerror:
-        return f"it could not be started: {error.strerror}"
-    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-
-
 class McpServers:
     """Every configured server, each run by a task of its own from `start` to `aclose`."""
 
     def __init__(self, configs: dict[str, ServerConfig], start_timeout: float) -> None:
-        self.servers = [McpServer(name, config, start_timeout) for name, config in configs.items()]
+        self.servers: list[McpServer] = []
+        if configs:
+            # The MCP SDK loads only when the operator configured servers: a third of a second of every
+            # start otherwise.
+            from pocketchat.tools import mcp_server
+
+            self.servers = [mcp_server.McpServer(name, c, start_timeout) for name, c in configs.items()]
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, wait: float) -> None:
