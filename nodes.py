@@ -372,10 +372,10 @@ class SaveReply(AsyncNode):
         # With replicas, another replica may have ended this turn while this one was paused, and stored
         # it as its sockets saw it: then this replica keeps that, and writes nothing over it.
         if not await shared["log"].confirm():
-            conversation.history.append(turn.reply_taken_over())
+            conversation.add_reply(turn.reply_taken_over())
             return
         reply = turn.reply_so_far()
-        conversation.history.append(reply)
+        conversation.add_reply(reply)
         try:
             await save_reply(shared["store"], conversation.id, reply)
         except StorageError as error:

@@ -8,18 +8,20 @@ leaves, so that a page that lost its connection can come back to it.
 """
 
 import asyncio
+import dataclasses
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pocketchat import errors, protocol
 from pocketchat.errors import NothingToRegenerate, TurnInProgress, UnknownConversation
 from pocketchat.records import ConversationRecord, ImageRecord, Message, new_id, possible_id
 from pocketchat.store import Store
 from pocketchat.turn_log import InProcessTurnLog, TurnLog
+from pocketchat.versions import Tree
 
 if TYPE_CHECKING:
     from pocketchat.tools.client import ClientTools
@@ -36,6 +38,9 @@ class Subscriber(Protocol):
         """Send the log's frames after chunk `after_seq`, once whatever this subscriber is sending is sent."""
 
     def send(self, frame: dict[str, Any]) -> None: ...
+
+    def send_text(self, text: str) -> None:
+        """`send`, for a frame encoded already."""
 
     def detach(self) -> None:
         """Leave the conversation."""
@@ -54,8 +59,9 @@ class Turn:
     user_message: Message
     reply: Message
     log: TurnLog
-    # Earlier messages this turn replaces (regenerate, edit).
-    replaced: list[Message]
+    # What started it: a new message; a regenerate (a new version of the reply to a stored message); an
+    # edit (a new version of a message, with copies of its images).
+    kind: Literal["message", "regenerate", "edit"] = "message"
     id: str = field(default_factory=new_id)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     started_at: float = field(default_factory=time.monotonic)
@@ -67,6 +73,7 @@ class Turn:
     error_kind: str | None = None  # what failed the provider, if it failed (for /metrics)
     client_tools: "ClientTools | None" = None  # of the socket that started it: the tools its client declared
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set when it has ended, here or elsewhere
+    image_copies: list[tuple[str, str]] = field(default_factory=list)  # an edit's: (original id, copy id)
 
     def reply_so_far(self) -> Message:
         """The reply, with the text, reasoning and steps its log holds now."""
@@ -88,12 +95,15 @@ class Conversation:
     def __init__(
         self,
         record: ConversationRecord,
-        history: list[Message],
+        messages: list[Message],
         stored: bool = True,
         new_log: Callable[[str], TurnLog] = InProcessTurnLog,
     ) -> None:
         self.record = record
-        self.history = history
+        self.tree = Tree(messages)  # every message, every version
+        # The path shown (to `record.leaf_id`): what `ready`, the prompt and the export read. While a
+        # turn runs it ends with the turn's user message; its reply joins it at the end (`add_reply`).
+        self.history = self.tree.path(record.leaf_id)
         self.new_log = new_log  # the log a turn gets: shared with other replicas or not
         # A new conversation is stored with its first turn or change, so that opening the page or
         # pressing New chat leaves no empty conversations behind.
@@ -102,7 +112,7 @@ class Conversation:
         self.turn: Turn | None = None
         self.borrowers = 0  # HTTP requests using it now
         self.deleting = False  # a DELETE is under way: no new turn, no new socket
-        self._encoded_history: tuple[list[tuple[Any, ...]], str] | None = None  # see `history_json`
+        self._encoded_history: tuple[list[tuple[Any, ...]], int, str] | None = None  # see `history_json`
 
     @property
     def id(self) -> str:
@@ -113,6 +123,8 @@ class Conversation:
         repeated."""
         turn = self.turn
         running = {**turn.log.snapshot(resume=True), "message_id": turn.reply.id} if turn else None
+        if turn is not None and running is not None:
+            running |= self._versions(turn.reply)
         # The running turn's reply reaches the client as `running`, never also as history.
         history = self.history_json(turn.reply if turn else None)
         record = self.record
@@ -133,19 +145,42 @@ class Conversation:
         # whether any of them changed; a new list of the same messages is the same history.
         parts = [(m, m.id, m.role, m.content, m.status, m.reasoning, m.error, m.meta, m.images) for m in messages]
         cached = self._encoded_history
-        if cached is not None and len(cached[0]) == len(parts) and all(map(_same, cached[0], parts)):
-            return cached[1]
-        text = protocol.encode([m.to_wire() for m in messages])
-        self._encoded_history = (parts, text)
+        # The tree's changes too: a new version of a message changes its `versions`.
+        if (
+            cached is not None
+            and cached[1] == self.tree.changes
+            and len(cached[0]) == len(parts)
+            and all(map(_same, cached[0], parts))
+        ):
+            return cached[2]
+        text = protocol.encode(self.wire_history(messages))
+        self._encoded_history = (parts, self.tree.changes, text)
         return text
 
-    def _begin(self, user_message: Message, replaced: list[Message], ids: "TurnIds") -> Turn:
+    def wire_history(self, messages: list[Message] | None = None) -> list[dict[str, Any]]:
+        """The messages (by default the path shown) as `ready` sends them, each with its `versions`."""
+        return [self.wire(message) for message in (self.history if messages is None else messages)]
+
+    def wire(self, message: Message) -> dict[str, Any]:
+        """A message as sent, with the ids of its versions when it has more than one."""
+        return message.to_wire() | self._versions(message)
+
+    def _versions(self, message: Message) -> dict[str, list[str]]:
+        versions = self.tree.versions(message)
+        return {"versions": versions} if len(versions) > 1 else {}
+
+    def path_frame(self) -> str:
+        """The `path` frame, encoded: the path shown, after a switch."""
+        return protocol.path_text(self.id, self.history_json())
+
+    def _begin(self, user_message: Message, kind: Literal["message", "regenerate", "edit"], ids: "TurnIds") -> Turn:
         if self.deleting:
             raise UnknownConversation("This conversation is being deleted.")
         if self.turn is not None:
             raise TurnInProgress()
         turn_id = ids.turn
-        user_message.turn_id = turn_id
+        if kind != "regenerate":
+            user_message.turn_id = turn_id  # a regenerate's was stored with the turn that first answered it
         reply = Message(
             role="assistant",
             content="",
@@ -153,50 +188,106 @@ class Conversation:
             turn_id=turn_id,
             id=ids.reply,
             meta={"model": self.record.model},
+            parent_id=user_message.id,
         )
         log = self.new_log(turn_id)
-        turn = Turn(user_message=user_message, reply=reply, log=log, replaced=replaced, id=turn_id)
-        replaced_ids = {m.id for m in replaced}
-        self.history = [m for m in self.history if m.id not in replaced_ids]
-        self.history.append(user_message)
+        turn = Turn(user_message=user_message, reply=reply, log=log, kind=kind, id=turn_id)
+        self.tree.add(user_message)
+        self.tree.add(reply)  # stored as the turn opens; shown in the history once it ends
+        self.record.leaf_id = None  # the latest: this turn's reply (`open_turn` stores it so)
+        self.history = self.tree.path(user_message.id)
         self.turn = turn
-        log.append(protocol.turn_start(turn_id, user_message.to_wire()))
+        reply_wire = {"id": reply.id, **self._versions(reply)}
+        log.append(protocol.turn_start(turn_id, self.turn_start_message(user_message), reply_wire))
         for subscriber in self.subscribers:
             subscriber.follow(log, 0)
         return turn
+
+    def turn_start_message(self, user_message: Message) -> dict[str, Any]:
+        """The user message as `turn_start` carries it: with its parent, after which a client drops what it shows."""
+        return {**self.wire(user_message), "parent_id": user_message.parent_id}
 
     def begin_message(
         self, content: str, images: list[ImageRecord] | None = None, ids: "TurnIds | None" = None
     ) -> Turn:
         """Start a turn for a new user message (with the images it carries, waiting in this conversation)."""
-        return self._begin(Message(role="user", content=content, images=images or []), [], ids or TurnIds())
+        parent = self.history[-1].id if self.history else None
+        message = Message(role="user", content=content, images=images or [], parent_id=parent)
+        return self._begin(message, "message", ids or TurnIds())
 
     def begin_regenerate(self, ids: "TurnIds | None" = None) -> Turn:
-        """Start a turn that answers the last user message again, replacing the replies after it."""
-        last_user = self._last_user_index()
-        return self._begin(self.history[last_user], self.history[last_user:], ids or TurnIds())
+        """Start a turn that answers the last user message of the path again: a new version of its reply."""
+        return self._begin(self.to_regenerate(), "regenerate", ids or TurnIds())
 
     def begin_edit(self, message_id: str, content: str, ids: "TurnIds | None" = None) -> Turn:
-        """Start a turn for the last user message with new text, replacing it and the replies after it."""
-        last_user = self._last_user_index()
-        if self.history[last_user].id != message_id:
-            raise errors.BadFrame("Only the last user message can be edited.")
-        # Same id: clients replace the message they have with this one and drop the replies after it. Its
-        # images stay with it.
-        edited = Message(role="user", content=content, id=message_id, images=self.history[last_user].images)
-        return self._begin(edited, self.history[last_user:], ids or TurnIds())
+        """Start a turn for a new version of a user message, with new text and copies of its images."""
+        original = self.to_edit(message_id)
+        edited = Message(role="user", content=content, parent_id=original.parent_id)
+        copies = [(image.id, new_id()) for image in original.images]
+        edited.images = [
+            dataclasses.replace(image, id=copy, message_id=edited.id)
+            for image, (_, copy) in zip(original.images, copies, strict=True)
+        ]
+        turn = self._begin(edited, "edit", ids or TurnIds())
+        turn.image_copies = copies
+        return turn
 
-    def last_user_images(self) -> list[ImageRecord]:
-        """The images of the last user message (the one a regenerate or an edit answers again)."""
-        return next((m.images for m in reversed(self.history) if m.role == "user"), [])
-
-    def _last_user_index(self) -> int:
+    def to_regenerate(self) -> Message:
+        """The user message a regenerate answers again: the path's last."""
         if self.turn is not None:
             raise TurnInProgress()
-        for index in range(len(self.history) - 1, -1, -1):
-            if self.history[index].role == "user":
-                return index
-        raise NothingToRegenerate("This conversation has no message to answer again.")
+        last_user = next((m for m in reversed(self.history) if m.role == "user"), None)
+        if last_user is None:
+            raise NothingToRegenerate("This conversation has no message to answer again.")
+        return last_user
+
+    def to_edit(self, message_id: str) -> Message:
+        """The user message an edit makes a new version of: any of the conversation's."""
+        if self.turn is not None:
+            raise TurnInProgress()
+        if not any(m.role == "user" for m in self.tree):
+            raise NothingToRegenerate("This conversation has no message to answer again.")
+        message = self.tree.get(message_id)
+        if message is None or message.role != "user":
+            raise errors.BadFrame("This conversation has no message of yours with that id to edit.")
+        return message
+
+    def add_reply(self, reply: Message) -> None:
+        """The turn's reply, ended: it joins the path shown."""
+        self.tree.add(reply)
+        if not self.history or self.history[-1] is not reply:
+            self.history = self.tree.path(reply.id)
+
+    def switch(self, message_id: str) -> None:
+        """Show the path through the message: the one shown, if it goes through it; else the newest
+        message that follows it."""
+        if self.turn is not None:
+            raise TurnInProgress()
+        message = self.tree.get(message_id)
+        if message is None:
+            raise errors.BadFrame("This conversation has no message with that id.")
+        if not any(shown is message for shown in self.history):
+            self.show(self.tree.newest_under(message).id)
+
+    def show(self, leaf_id: str | None) -> None:
+        """Show the path to `leaf_id` (None: to the latest message)."""
+        self.record.leaf_id = leaf_id
+        self.history = self.tree.path(leaf_id)
+
+    def follow_turn(self, turn: Turn, user_message: Message) -> None:
+        """A turn that runs on another replica started: its user message (known, for a regenerate) joins
+        the tree, the path goes through it, and the rows of the turn read from the database (its reply
+        so far) give way to what the turn's log says."""
+        self.tree.drop({m.id for m in self.tree if m.turn_id == turn.id and m.id != user_message.id})
+        turn.user_message = self.tree.get(user_message.id) or user_message
+        turn.reply.parent_id = turn.user_message.id
+        self.tree.add(turn.user_message)
+        self.tree.add(turn.reply)
+        self.record.leaf_id = None
+        self.history = self.tree.path(turn.user_message.id)
+        self.turn = turn
+        for subscriber in self.subscribers:
+            subscriber.follow(turn.log, 0)
 
     def end(self, turn: Turn) -> None:
         turn.log.close()
@@ -206,8 +297,12 @@ class Conversation:
 
     def broadcast(self, frame: dict[str, Any]) -> None:
         """Queue a frame for every attached socket; a slow socket holds up nobody."""
+        self.broadcast_text(protocol.encode(frame))
+
+    def broadcast_text(self, text: str) -> None:
+        """`broadcast`, for a frame encoded already."""
         for subscriber in list(self.subscribers):
-            subscriber.send(frame)
+            subscriber.send_text(text)
 
 
 def _same(old: tuple[Any, ...], new: tuple[Any, ...]) -> bool:
@@ -305,12 +400,17 @@ class Hub:
         """Queue the writes that start a turn (and store a new conversation with it)."""
         new = None if conversation.stored else conversation.record
         conversation.stored = True
-        replaced = [m.id for m in turn.replaced]
-        opened = self.store.open_turn(conversation.id, new, [turn.user_message, turn.reply], replaced)
-        if images := [image.id for image in turn.user_message.images]:
-            # Queued right behind it (the queue keeps a conversation's writes in order): the images are
-            # the message's from then on, and no longer wait for the next one.
-            self.store.attach_images(conversation.id, turn.user_message.id, images)
+        user = turn.user_message
+        # A regenerate's user message is stored already: its reply is a new version.
+        opened = self.store.open_turn(
+            conversation.id, new, [turn.reply] if turn.kind == "regenerate" else [user, turn.reply]
+        )
+        # Queued right behind it (the queue keeps a conversation's writes in order).
+        if turn.image_copies:
+            self.store.copy_images(conversation.id, user.id, turn.image_copies)
+        elif turn.kind == "message" and (images := [image.id for image in user.images]):
+            # The images are the message's from then on, and no longer wait for the next one.
+            self.store.attach_images(conversation.id, user.id, images)
         return opened
 
     async def ensure_stored(self, conversation: Conversation) -> None:
@@ -352,10 +452,11 @@ class Hub:
             conversation = Conversation(record, history, stored=stored, new_log=self._new_log)
             # Its turn may run on another replica, or have ended there since the store was read.
             await self.coordinator.adopt(conversation)
-            for message in conversation.history:
-                # Not running, here or elsewhere (a mirrored turn's reply joins the history at its end):
-                # whatever cut it short, it was interrupted.
-                if message.status == "streaming":
+            running = conversation.turn.reply if conversation.turn is not None else None
+            for message in conversation.tree:
+                # Not running, here or elsewhere (a turn followed from another replica is): whatever cut
+                # it short, it was interrupted.
+                if message.status == "streaming" and message is not running:
                     message.status = "interrupted"
             return self._keep(conversation)
         finally:

@@ -121,6 +121,13 @@ class Edit(_Frame):
     content: Content
 
 
+class Switch(_Frame):
+    """Show the versions on the path through this message (every socket of the conversation is told)."""
+
+    type: Literal["switch"]
+    message_id: Annotated[str, StringConstraints(strict=True, min_length=1), Unicode]
+
+
 class ToolCallAck(_Frame):
     """The client runs the call it got as `tool_call`."""
 
@@ -145,7 +152,7 @@ class ToolResult(_Frame):
     error: Annotated[str, StringConstraints(strict=True, max_length=4000), Unicode] | None = None
 
 
-ClientFrame = Hello | UserMessage | Stop | Regenerate | Edit | ToolCallAck | ToolCallNack | ToolResult
+ClientFrame = Hello | UserMessage | Stop | Regenerate | Edit | Switch | ToolCallAck | ToolCallNack | ToolResult
 CLIENT_FRAME_TYPES = [frame.model_fields["type"].annotation.__args__[0] for frame in ClientFrame.__args__]
 _client_frame: TypeAdapter[ClientFrame] = TypeAdapter(Annotated[ClientFrame, Field(discriminator="type")])
 
@@ -229,8 +236,15 @@ def ready_text(
     return head.removesuffix("[]}") + history_json + tail + "}"
 
 
-def turn_start(turn_id: str, message: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "turn_start", "turn_id": turn_id, "message": message}
+def turn_start(turn_id: str, message: dict[str, Any], reply: dict[str, Any]) -> dict[str, Any]:
+    """`message`: the user message, with its `parent_id`; `reply`: the reply's `{id, versions?}`."""
+    return {"type": "turn_start", "turn_id": turn_id, "message": message, "reply": reply}
+
+
+def path_text(conversation_id: str, history_json: str) -> str:
+    """`path`, encoded, with its history encoded already (as `ready_text`): the path a conversation shows."""
+    head = encode({"type": "path", "conversation_id": conversation_id, "history": []})
+    return head.removesuffix("[]}") + history_json + "}"
 
 
 def chunk(turn_id: str, seq: int, content: str, reasoning: str | None = None) -> dict[str, Any]:
@@ -305,6 +319,7 @@ def error(error: ProtocolError) -> dict[str, Any]:
 SERVER_FRAME_TYPES = [
     "ready",
     "turn_start",
+    "path",
     "chunk",
     "queued",
     "step",

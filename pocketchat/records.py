@@ -78,22 +78,26 @@ class Message:
     created_at: float = field(default_factory=time.time)
     # A user message's images, in the order sent (stored in their own table, which names the message).
     images: list[ImageRecord] = field(default_factory=list)
+    # The message before it on its path (None: a conversation's first). Versions of a message (a reply
+    # answered again, an edited message) share their parent.
+    parent_id: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Message":
         """A message as a database row holds it (SQLite's or PostgreSQL's; `meta` is JSON text)."""
-        names = ("id", "turn_id", "role", "content", "reasoning", "status", "error", "created_at")
+        names = ("id", "turn_id", "role", "content", "reasoning", "status", "error", "created_at", "parent_id")
         return cls(**{name: row[name] for name in names}, meta=json.loads(row["meta"]))
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any], conversation_id: str, owner: str) -> "Message":
         """A user message as `turn_start` carries it (a replica following a turn that runs elsewhere)."""
         images = [ImageRecord.from_wire(image, conversation_id, owner, wire["id"]) for image in wire.get("images", ())]
-        return cls(**{name: wire[name] for name in ("id", "role", "content", "status")}, images=images)
+        names = ("id", "role", "content", "status")
+        return cls(**{name: wire[name] for name in names}, images=images, parent_id=wire.get("parent_id"))
 
     def to_row(self, conversation_id: str) -> tuple[Any, ...]:
         """The message as both stores write it: (id, conversation_id, turn_id, role, content, reasoning,
-        status, error, meta as JSON text, created_at)."""
+        status, error, meta as JSON text, created_at, parent_id)."""
         return (
             self.id,
             conversation_id,
@@ -105,6 +109,7 @@ class Message:
             self.error,
             json.dumps(self.meta),
             self.created_at,
+            self.parent_id,
         )
 
     def to_wire(self) -> dict[str, Any]:
@@ -147,11 +152,14 @@ class ConversationRecord:
     updated_at: float = field(default_factory=time.time)
     # The tool sources turned off in this conversation: "builtin", or an MCP server's name.
     tools_off: list[str] = field(default_factory=list)
+    # The last message of the path shown (of the versions, those chosen); None: the latest message. Not
+    # one of CONVERSATION_COLUMNS: a new conversation has none, and a switch writes it alone.
+    leaf_id: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "ConversationRecord":
         values = {name: row[name] for name in CONVERSATION_COLUMNS}
-        return cls(**values | {name: json.loads(values[name]) for name in JSON_COLUMNS})
+        return cls(**values | {name: json.loads(values[name]) for name in JSON_COLUMNS}, leaf_id=row["leaf_id"])
 
     def to_row(self) -> tuple[Any, ...]:
         """The record as both stores write it, in the order of CONVERSATION_COLUMNS."""

@@ -140,12 +140,11 @@ async def fail_turn(
     if not await turn.log.confirm():
         # Another replica took it over and stored it; its log here already ends as it does there.
         if not any(message is turn.reply for message in conversation.history):
-            conversation.history.append(turn.reply_taken_over())
+            conversation.add_reply(turn.reply_taken_over())
         return
     turn.reply_so_far()
     turn.reply.status, turn.reply.error = "error", why
-    if not any(message is turn.reply for message in conversation.history):
-        conversation.history.append(turn.reply)
+    conversation.add_reply(turn.reply)
     turn.log.append(protocol.error(kind(turn.reply.error, turn.id)))
     try:
         # Bounded: turn_end does not wait on a database that does not answer; the write lands later.

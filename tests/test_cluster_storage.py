@@ -557,7 +557,9 @@ def test_a_produced_log_holds_back_what_comes_after_a_silence_and_ends_as_the_ta
         await producer.client.set(producer.lease("c1"), lease)
         failures: list[Exception] = []
         log = ProducedLog("t1", "c1", lease, Copier(producer, lambda _, error: failures.append(error)))
-        log.append(protocol.turn_start("t1", {"id": "u1", "role": "user", "content": "q", "status": "complete"}))
+        log.append(
+            protocol.turn_start("t1", {"id": "u1", "role": "user", "content": "q", "status": "complete"}, {"id": "r1"})
+        )
         log.append_chunk("one ")
         await log.copied()
         seen: list[str] = []

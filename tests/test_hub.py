@@ -1,6 +1,7 @@
 """The hub keeps one copy of each live conversation, whoever is using it."""
 
 import asyncio
+import itertools
 from pathlib import Path
 
 from pocketchat import protocol
@@ -35,8 +36,9 @@ def test_a_reply_left_streaming_with_no_turn_running_is_loaded_as_interrupted(tm
         await store.open()
         record = ConversationRecord(model="m", system_prompt="")
         # A turn whose final save never landed: its reply is still marked streaming in the database.
-        reply = Message(role="assistant", content="half a", status="streaming")
-        await store.open_turn(record.id, record, [Message(role="user", content="q"), reply], [])
+        question = Message(role="user", content="q")
+        reply = Message(role="assistant", content="half a", status="streaming", parent_id=question.id)
+        await store.open_turn(record.id, record, [question, reply])
         conversation = await Hub(store).open(record.id, "local")
         await store.close()
         return [(m.status, m.content) for m in conversation.history]
@@ -48,6 +50,8 @@ def test_a_hello_again_for_an_unchanged_history_reuses_its_encoding(monkeypatch)
     """Each hello encoded the whole history again: two sockets saying hello over and over to a 5 MB
     conversation slowed every other user. Now the encoding is made once per change of the history."""
     history = [Message(role="user" if i % 2 == 0 else "assistant", content=f"{i} " + "x" * 5000) for i in range(1000)]
+    for before, message in itertools.pairwise(history):
+        message.parent_id = before.id
     conversation = Conversation(ConversationRecord(model="m", system_prompt="s"), history)
     encoded: list[str] = []
     to_wire = Message.to_wire

@@ -226,7 +226,10 @@ def test_an_edit_keeps_the_images_and_an_image_alone_is_a_message(start_app, fak
     assert app.get(f"/api/conversations/{conversation_id}")["title"] is None  # named by the next text
     client.send("edit", message_id=frames[0]["message"]["id"], content="What breed?")
     edited = client.until("turn_end")
-    assert edited[0]["message"]["images"] == [image]
+    # The edit is a new version of the message, with a copy of its image: each version keeps its own.
+    [copy] = edited[0]["message"]["images"]
+    assert copy["id"] != image["id"] and {**copy, "id": image["id"]} == image
+    assert fetch(app, conversation_id, copy["id"])[2] == fetch(app, conversation_id, image["id"])[2] == PNG
     assert last_user_content(fake)[0] == {"type": "text", "text": "What breed?"}
     assert len(last_user_content(fake)) == 2
 
@@ -400,7 +403,7 @@ def test_the_default_vision_models_are_the_known_ones_and_the_embedded_model_nev
 
 def test_an_image_is_made_one_messages_and_never_taken_by_another(store):  # noqa: F811 (the fixture)
     """Two messages naming the same waiting image (the second checked before the first's write landed, with
-    a stalled database): the first keeps it; an edit writing the first again keeps it too."""
+    a stalled database): the first keeps it, whoever names it again."""
 
     async def run() -> tuple[list[str | None], list[str]]:
         async with opened(store) as db:

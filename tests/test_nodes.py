@@ -26,7 +26,7 @@ async def run_one_turn(fake: FakeOpenAI, db: Path, content: str, history: list[M
     await store.create_conversation(record)
     conversation = Conversation(record, history or [])  # stored just above
     turn = conversation.begin_message(content)
-    await store.open_turn(record.id, None, [turn.user_message, turn.reply], [])  # as turns.run_turn does
+    await store.open_turn(record.id, None, [turn.user_message, turn.reply])  # as turns.run_turn does
     await FLOWS["chat"](settings).run_async(new_shared(AppState(settings, store, provider), conversation, turn))
     conversation.end(turn)
     frames = [json.loads(text) async for text in turn.log.follow(0)]

@@ -531,7 +531,7 @@ def test_the_server_binds_to_loopback_unless_told_otherwise(app):
 # Protocol additions: regenerate, edit, reasoning
 
 
-def test_regenerate_replaces_the_last_reply_in_a_new_turn(app, fake):
+def test_regenerate_answers_the_last_user_message_again_in_a_new_turn(app, fake):
     fake.queue(Reply(tokens=["first"]), Reply(tokens=["second"]))
     client = app.client()
     session = client.hello()["conversation_id"]
@@ -545,14 +545,15 @@ def test_regenerate_replaces_the_last_reply_in_a_new_turn(app, fake):
     assert [m["content"] for m in fake.chat_requests[-1]["json"]["messages"][1:]] == ["question"]
 
 
-def test_edit_replaces_the_last_user_message_and_its_reply(app, fake):
+def test_edit_answers_a_new_version_of_a_user_message(app, fake):
     fake.queue(Reply(tokens=["about cats"]), Reply(tokens=["about dogs"]))
     client = app.client()
     session = client.hello()["conversation_id"]
     original = client.turn("cats?")[0]["message"]
     client.send("edit", message_id=original["id"], content="dogs?")
-    frames = client.until("turn_end")
-    assert frames[0]["message"] == {**original, "content": "dogs?"}
+    edited = client.until("turn_end")[0]["message"]
+    assert (edited["content"], edited["parent_id"]) == ("dogs?", original["parent_id"])
+    assert edited["versions"] == [original["id"], edited["id"]]
     history = app.client().hello(session)["history"]
     assert [(m["role"], m["content"]) for m in history] == [("user", "dogs?"), ("assistant", "about dogs")]
 
@@ -562,11 +563,11 @@ def test_regenerate_and_edit_refuse_what_they_cannot_do(app, fake):
     client.hello()
     client.send("regenerate")
     assert client.recv()["code"] == "nothing_to_regenerate"
-    first = client.turn("one")[0]["message"]
-    client.turn("two")
-    client.send("edit", message_id=first["id"], content="changed")
-    error = client.recv()
-    assert error["code"] == "bad_frame" and "last user message" in error["message"]
+    reply = client.turn("one")[-1]["message_id"]
+    for not_yours in (reply, "no-such-message"):
+        client.send("edit", message_id=not_yours, content="changed")
+        error = client.recv()
+        assert error["code"] == "bad_frame" and "no message of yours with that id" in error["message"]
     fake.queue(Reply(count=50, pace=0.02))
     client.send("message", content="three")
     client.until("chunk")

@@ -46,7 +46,7 @@ def test_a_kept_checkpoint_never_overwrites_the_final_reply_saved_after_it(tmp_p
         await store.open()
         record = ConversationRecord(model="m", system_prompt="")
         reply = Message(role="assistant", content="", status="streaming")
-        await store.open_turn(record.id, record, [Message(role="user", content="q"), reply], [])
+        await store.open_turn(record.id, record, [Message(role="user", content="q"), reply])
         other = hold_the_write_lock(path)
         gate = threading.Event()
         # Hold the writer so that the checkpoint and the final save share one batch.

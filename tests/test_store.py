@@ -92,10 +92,11 @@ def test_queued_writes_land_in_order_and_a_failing_one_takes_no_other_down(store
     assert (failure, unwritten) == (None, False)  # nothing waits: one job's failure is no database failure
 
 
-def test_a_turn_round_trips_every_field_and_replaces_the_messages_it_names(store):
+def test_a_turn_round_trips_every_field_and_keeps_the_versions_before_it(store):
     record = ConversationRecord(model="m", system_prompt="Be brief.", title="Ünïcode ✓", owner="ada")
     question = Message(role="user", content="q?", turn_id="t1")
     reply = Message(
+        parent_id=question.id,
         role="assistant",
         content="**a**",
         status="error",
@@ -105,22 +106,25 @@ def test_a_turn_round_trips_every_field_and_replaces_the_messages_it_names(store
         meta={"model": "m", "usage": {"prompt_tokens": 3, "completion_tokens": 1}, "ttft_ms": 12.5, "z": None},
         created_at=1_700_000_000.123456,
     )
-    retry = Message(role="assistant", content="again", turn_id="t2", status="streaming")
+    retry = Message(role="assistant", content="again", turn_id="t2", status="streaming", parent_id=question.id)
 
     async def scenario():
         async with opened(store) as db:
-            first = db.open_turn(record.id, record, [question, reply], [])  # not awaited: later writes follow it
+            first = db.open_turn(record.id, record, [question, reply])  # not awaited: later writes follow it
             record.title = "Renamed"
             renamed = db.update_conversation(record)
             await asyncio.gather(first, renamed)
             after_first = await db.load(record.id)
-            await db.open_turn(record.id, None, [retry], [reply.id])
-            return after_first, await db.load(record.id)
+            await db.choose_path(ConversationRecord(**{**record.__dict__, "leaf_id": reply.id}))
+            chosen, _ = await db.load(record.id)
+            await db.open_turn(record.id, None, [retry])  # a regenerate: the path shown is the latest again
+            return after_first, chosen, await db.load(record.id)
 
-    (stored, messages), (_, replaced) = asyncio.run(scenario())
+    (stored, messages), chosen, (later, versions) = asyncio.run(scenario())
     assert stored == record  # every field, updated_at included (update_conversation set it)
     assert messages == [question, reply]  # every field: reasoning, error, meta, exact float timestamps
-    assert replaced == [question, retry]
+    assert (chosen.leaf_id, chosen.title) == (reply.id, "Renamed")
+    assert later.leaf_id is None and versions == [question, reply, retry]
 
 
 def test_deleting_a_conversation_deletes_its_messages(store):
@@ -129,12 +133,12 @@ def test_deleting_a_conversation_deletes_its_messages(store):
             record = ConversationRecord(model="m", system_prompt="")
             kept = ConversationRecord(model="m", system_prompt="")
             message = Message(role="user", content="gone with it")
-            await db.open_turn(record.id, record, [message], [])
-            await db.open_turn(kept.id, kept, [Message(role="user", content="stays")], [])
+            await db.open_turn(record.id, record, [message])
+            await db.open_turn(kept.id, kept, [Message(role="user", content="stays")])
             deleted = await db.delete_conversation(record.id)
             again = await db.delete_conversation(record.id)
             # The message's id is free again: its row went with the conversation.
-            await db.open_turn(kept.id, None, [message], [])
+            await db.open_turn(kept.id, None, [message])
             return deleted, again, await db.load(record.id), await db.load(kept.id)
 
     deleted, again, loaded, (_, kept_messages) = asyncio.run(scenario())
@@ -148,8 +152,8 @@ def test_a_conversation_two_replicas_both_store_is_stored_once(store):
             record = ConversationRecord(model="m", system_prompt="", title="first")
             again = ConversationRecord(**{**record.__dict__, "title": "second"})
             await asyncio.gather(
-                one.open_turn(record.id, record, [Message(role="user", content="from one")], []),
-                two.open_turn(record.id, again, [Message(role="user", content="from two")], []),
+                one.open_turn(record.id, record, [Message(role="user", content="from one")]),
+                two.open_turn(record.id, again, [Message(role="user", content="from two")]),
             )
             await one.create_conversation(record)  # no error either
             stored, messages = await one.load(record.id)
@@ -166,7 +170,7 @@ def test_a_reply_whose_replica_died_is_stored_interrupted_unless_stored_since(st
             record = ConversationRecord(model="m", system_prompt="")
             cut = Message(role="assistant", content="", status="streaming")
             done = Message(role="assistant", content="all of it", status="complete")
-            await db.open_turn(record.id, record, [cut, done], [])
+            await db.open_turn(record.id, record, [cut, done])
             # What another replica's log held when its replica died.
             await db.save_interrupted(record.id, Message(**{**cut.__dict__, "content": "half", "reasoning": "r"}))
             await db.save_interrupted(record.id, Message(**{**done.__dict__, "content": "stale"}))
@@ -206,7 +210,7 @@ def test_a_reply_left_streaming_is_marked_interrupted_on_the_next_open_only_with
         record = ConversationRecord(model="m", system_prompt="")
         reply = Message(role="assistant", content="half a repl", status="streaming")
         async with opened(store) as db:
-            await db.open_turn(record.id, record, [Message(role="user", content="q"), reply], [])
+            await db.open_turn(record.id, record, [Message(role="user", content="q"), reply])
         again = store()
         interrupted = await again.open(sweep)
         try:
@@ -591,7 +595,7 @@ def test_a_final_reply_is_never_written_over_only_a_streaming_one_is(store):
         async with opened(store) as db:
             record = ConversationRecord(model="m", system_prompt="")
             reply = Message(role="assistant", content="", status="streaming")
-            await db.open_turn(record.id, record, [reply], [])
+            await db.open_turn(record.id, record, [reply])
             db.checkpoint(record.id, Message(**{**reply.__dict__, "content": "so far"}))
             await db.save_interrupted(record.id, Message(**{**reply.__dict__, "content": "so far, and a bit"}))
             db.checkpoint(record.id, Message(**{**reply.__dict__, "content": "so far, and a bit more"}))
@@ -632,7 +636,7 @@ def test_a_deleted_conversation_is_never_stored_again(store):
         async with opened(store) as db, opened(store, sweep_streaming=False) as other:
             record = ConversationRecord(model="m", system_prompt="")
             await other.delete_conversation(record.id)  # nothing stored yet: deleted all the same
-            late = db.open_turn(record.id, record, [Message(role="user", content="late")], [])
+            late = db.open_turn(record.id, record, [Message(role="user", content="late")])
             await asyncio.gather(late, db.create_conversation(record), return_exceptions=True)
             return await db.load(record.id), await db.list_conversations("local")
 

@@ -85,6 +85,9 @@ class Coordinator(Protocol):
     def documents_changed(self, conversation_id: str, frame: dict[str, Any]) -> None:
         """A document of the conversation changed state here (`frame`): the other replicas' sockets are told."""
 
+    def switched(self, conversation: Conversation) -> None:
+        """Its path shown (`record.leaf_id`) changed here: the other replicas show it, and tell their sockets."""
+
     async def deleting(self, conversation_id: str) -> None:
         """About to delete it: no turn may start on it anywhere meanwhile."""
 

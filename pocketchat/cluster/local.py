@@ -45,6 +45,9 @@ class LocalCoordinator(NoOtherReplicas):
     def documents_changed(self, conversation_id: str, frame: dict[str, Any]) -> None:
         return None
 
+    def switched(self, conversation: Conversation) -> None:
+        return None
+
     async def deleting(self, conversation_id: str) -> None:
         return None
 

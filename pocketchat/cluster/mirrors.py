@@ -87,7 +87,7 @@ class Mirrors:
             if last is None:
                 return
             turn_id, reply_id = last.decode().split(" ")
-            if any(m.id == reply_id and m.status != "streaming" for m in conversation.history):
+            if any(m.id == reply_id and m.status != "streaming" for m in conversation.tree):
                 return  # stored as it ended
             entries = await self.link.entries(turn_id)
         except REDIS_FAILURES as error:
@@ -102,7 +102,7 @@ class Mirrors:
             return
         log = InProcessTurnLog(turn_id)
         reply = Message("assistant", "", status="streaming", turn_id=turn_id, id=reply_id)
-        mirror = Mirror(conversation, Turn(Message("user", ""), reply, log, [], id=turn_id))
+        mirror = Mirror(conversation, Turn(Message("user", ""), reply, log, id=turn_id))
         self._mirrors[turn_id] = mirror  # claimed before the await: one mirror per turn
         try:
             # What is there now, so that a `ready` sent next has it; else the reader reads it all.
@@ -126,17 +126,9 @@ class Mirrors:
         conversation, turn = mirror.conversation, mirror.turn
         kind = frame["type"]
         if kind == "turn_start":
-            # As a client does with turn_start: the message replaces its namesake and what follows.
-            turn.user_message = Message.from_wire(frame["message"], conversation.id, conversation.record.owner)
-            turn.user_message.turn_id = turn.id
-            history = [m for m in conversation.history if m.turn_id != turn.id]
-            ids = [m.id for m in history]
-            if turn.user_message.id in ids:
-                history = history[: ids.index(turn.user_message.id)]
-            conversation.history = [*history, turn.user_message]
-            conversation.turn = turn
-            for subscriber in conversation.subscribers:
-                subscriber.follow(turn.log, 0)
+            user_message = Message.from_wire(frame["message"], conversation.id, conversation.record.owner)
+            user_message.turn_id = turn.id  # unless it is known here already (a regenerate's)
+            conversation.follow_turn(turn, user_message)
         elif kind == "conversation" and conversation.record.title is None:
             # Only the turn's naming of an untitled conversation: a frame read again from the start of
             # the stream may be older than this copy (renamed since), and the rest of the record comes
@@ -160,7 +152,7 @@ class Mirrors:
             reply.meta["steps"] = snapshot["steps"]
         reply.error = mirror.error
         if conversation.turn is turn:
-            conversation.history.append(reply)
+            conversation.add_reply(reply)
             conversation.end(turn)
         else:
             turn.log.close()

@@ -266,6 +266,10 @@ class Replicas:
         fields = {name: getattr(conversation.record, name) for name in names}
         self._errands.run(self._publish({"kind": "changed", "conversation": conversation.id, **fields}))
 
+    def switched(self, conversation: Conversation) -> None:
+        event = {"kind": "switched", "conversation": conversation.id, "leaf": conversation.record.leaf_id}
+        self._errands.run(self._publish(event))
+
     def documents_changed(self, conversation_id: str, frame: dict[str, Any]) -> None:
         """Tell the other replicas' sockets on the conversation of a document's new state (`document` frame)."""
         self._errands.run(self._publish({"kind": "document", "conversation": conversation_id, "frame": frame}))
@@ -310,6 +314,10 @@ class Replicas:
             live.broadcast(protocol.conversation(live.record))
         elif kind == "document" and live is not None:
             live.broadcast(event["frame"])
+        elif kind == "switched" and live is not None and live.turn is None:
+            # (A turn that started meanwhile shows its own path: the switch came too late for it.)
+            live.show(event["leaf"])
+            live.broadcast_text(live.path_frame())
         elif kind == "deleted" and live is not None:
             live.broadcast(protocol.deleted(conversation_id))
             for subscriber in list(live.subscribers):

@@ -54,8 +54,12 @@ class Store(Protocol):
     async def load(self, conversation_id: str) -> tuple[ConversationRecord, list[Message]] | None: ...
 
     def open_turn(
-        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message], delete_ids: list[str]
-    ) -> asyncio.Future[None]: ...
+        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message]
+    ) -> asyncio.Future[None]:
+        """Store `new`, if given, and the turn's `messages`; the path shown becomes the latest (`leaf_id` NULL)."""
+
+    def choose_path(self, record: ConversationRecord) -> asyncio.Future[Any]:
+        """Write the record's `leaf_id` (which versions the conversation shows), and nothing else of it."""
 
     async def save_messages(self, conversation_id: str, messages: list[Message]) -> None: ...
 
@@ -114,6 +118,9 @@ class Store(Protocol):
 
     def attach_images(self, conversation_id: str, message_id: str, image_ids: list[str]) -> asyncio.Future[Any]:
         """Make these waiting images the message's (queued after the turn's opening write)."""
+
+    def copy_images(self, conversation_id: str, message_id: str, copies: list[tuple[str, str]]) -> asyncio.Future[Any]:
+        """Give the message a copy of each image `(original id, copy id)` (an edited message's new version)."""
 
     def delete_image(self, conversation_id: str, image_id: str) -> asyncio.Future[bool]:
         """Delete an image still waiting to be sent; whether there was one."""

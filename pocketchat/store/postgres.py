@@ -11,7 +11,7 @@ password: only its host, port and database are ever logged.
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import asyncpg
@@ -51,8 +51,9 @@ STALL_SECONDS = 1.0  # a write (or probe) the server has not answered for this l
 # replica that took its turn over) no later write changes it: a producer that was paused past its lease
 # and wakes up cannot write its longer reply over what the other replica stored.
 UPSERT_MESSAGE = """
-INSERT INTO messages (id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)
+INSERT INTO messages
+    (id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at, parent_id)
+VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)
 ON CONFLICT (id) DO UPDATE SET content = excluded.content, reasoning = excluded.reasoning,
     status = excluded.status, error = excluded.error, meta = excluded.meta
 WHERE messages.status = 'streaming'
@@ -258,19 +259,20 @@ class PostgresStore(PostgresAttachments, QueuedStore[WriteConnection]):
 
         return work
 
-    def _save(
-        self, conversation_id: str, rows: list[Row], delete_ids: Sequence[str], new: ConversationRecord | None
-    ) -> Work[None]:
+    def _save(self, conversation_id: str, rows: list[Row], new: ConversationRecord | None, opening: bool) -> Work[None]:
+        touch = "UPDATE conversations SET updated_at = $1" + (", leaf_id = NULL" if opening else "") + " WHERE id = $2"
+
         async def work(db: asyncpg.Connection) -> None:
             if new is not None:
                 await _insert_conversation(db, new)
-            if delete_ids:
-                await db.execute("DELETE FROM messages WHERE id = ANY($1::text[])", delete_ids)
             if rows:
                 await db.executemany(UPSERT_MESSAGE, rows)
-            await db.execute("UPDATE conversations SET updated_at = $1 WHERE id = $2", time.time(), conversation_id)
+            await db.execute(touch, time.time(), conversation_id)
 
         return work
+
+    def _choose(self, conversation_id: str, leaf_id: str | None) -> Work[str]:
+        return lambda db: db.execute("UPDATE conversations SET leaf_id = $1 WHERE id = $2", leaf_id, conversation_id)
 
     def _interrupt(self, message: Message) -> Work[str]:
         query = (

@@ -145,12 +145,22 @@ class PostgresAttachments:
         return self._write(lambda db: db.execute(query, *row), image.conversation_id, retry=False)
 
     def attach_images(self, conversation_id: str, message_id: str, image_ids: list[str]) -> asyncio.Future[Any]:
-        # Only waiting ones (or the message's own, written again by an edit): never another message's.
+        # Only waiting ones: never another message's.
         query = (
             "UPDATE images SET message_id = $1 WHERE conversation_id = $2 AND id = ANY($3::text[])"
-            " AND (message_id IS NULL OR message_id = $1)"
+            " AND message_id IS NULL"
         )
         return self._write(lambda db: db.execute(query, message_id, conversation_id, image_ids), conversation_id)
+
+    def copy_images(self, conversation_id: str, message_id: str, copies: list[tuple[str, str]]) -> asyncio.Future[Any]:
+        # A copy of each image for an edited message (a new version of its message), bytes copied in the
+        # database: every image stays one message's, served and deleted as before.
+        query = (
+            f"INSERT INTO images ({IMAGE_COLUMNS}, data) SELECT $1, conversation_id, owner, $2, name, type, size,"
+            " width, height, created_at, data FROM images WHERE id = $3 AND conversation_id = $4"
+        )
+        rows = [(copy, message_id, original, conversation_id) for original, copy in copies]
+        return self._write(lambda db: db.executemany(query, rows), conversation_id)
 
     def delete_image(self, conversation_id: str, image_id: str) -> asyncio.Future[bool]:
         async def work(db: asyncpg.Connection) -> bool:

@@ -6,7 +6,7 @@ connection (`_insert`, `_save`, ...); its reads are its own.
 
 import asyncio
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection
 from typing import Any
 
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
@@ -48,21 +48,26 @@ class QueuedStore(WriteQueue[D]):
         return await self._write(self._delete(conversation_id), conversation_id, retry=False)
 
     def open_turn(
-        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message], delete_ids: list[str]
+        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message]
     ) -> asyncio.Future[None]:
-        """Queue, at once, what a turn starts with: the conversation if it is `new`, the messages it replaces
-        deleted, its messages saved. Later writes land after it, so the turn need not wait for it."""
+        """Queue, at once, what a turn starts with: the conversation if it is `new`, its messages saved, and
+        the path shown the latest (the turn's). Later writes land after it, so the turn need not wait for it."""
         rows = _rows(conversation_id, messages)
-        return self._write(self._save(conversation_id, rows, delete_ids, new), conversation_id)
+        return self._write(self._save(conversation_id, rows, new, True), conversation_id)
 
     async def save_messages(self, conversation_id: str, messages: list[Message]) -> None:
         """Insert or update these messages, in order, in one transaction."""
-        await self._write(self._save(conversation_id, _rows(conversation_id, messages), (), None), conversation_id)
+        work = self._save(conversation_id, _rows(conversation_id, messages), None, False)
+        await self._write(work, conversation_id)
 
     def checkpoint(self, conversation_id: str, message: Message) -> None:
         """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
-        work = self._save(conversation_id, _rows(conversation_id, [message]), (), None)
+        work = self._save(conversation_id, _rows(conversation_id, [message]), None, False)
         self._queue(Job(work, None, conversation_id))
+
+    def choose_path(self, record: ConversationRecord) -> asyncio.Future[Any]:
+        """Write which path the conversation shows (`leaf_id`), and nothing else of it."""
+        return self._write(self._choose(record.id, record.leaf_id), record.id)
 
     async def save_interrupted(self, conversation_id: str, message: Message) -> None:
         """Store a reply whose replica died as interrupted, unless its replica stored it since."""
@@ -105,11 +110,13 @@ class QueuedStore(WriteQueue[D]):
         """Delete the conversation (its messages with it) and remember its id; give whether it was there."""
         raise NotImplementedError
 
-    def _save(
-        self, conversation_id: str, rows: list[Row], delete_ids: Sequence[str], new: ConversationRecord | None
-    ) -> Work:
-        """Store `new` (as `_insert`), delete the messages `delete_ids`, write the messages' rows (a final
-        reply is never written over), and touch the conversation's `updated_at`."""
+    def _save(self, conversation_id: str, rows: list[Row], new: ConversationRecord | None, opening: bool) -> Work:
+        """Store `new` (as `_insert`), write the messages' rows (a final reply is never written over), and
+        touch the conversation's `updated_at`; when `opening` a turn, make its `leaf_id` NULL (the latest)."""
+        raise NotImplementedError
+
+    def _choose(self, conversation_id: str, leaf_id: str | None) -> Work:
+        """Write the conversation's `leaf_id`."""
         raise NotImplementedError
 
     def _interrupt(self, message: Message) -> Work:

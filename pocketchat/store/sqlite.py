@@ -11,7 +11,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -40,8 +40,9 @@ PRIVATE = 0o600  # the database's files: read and written by the user the app ru
 # replica that took its turn over) no later write changes it: a producer that was paused past its lease
 # and wakes up cannot write its longer reply over what the other replica stored.
 UPSERT_MESSAGE = """
-INSERT INTO messages (id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at)
-VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+INSERT INTO messages
+    (id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at, parent_id)
+VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 ON CONFLICT(id) DO UPDATE SET content=excluded.content, reasoning=excluded.reasoning,
     status=excluded.status, error=excluded.error, meta=excluded.meta
 WHERE messages.status = 'streaming'
@@ -273,17 +274,19 @@ class SqliteStore(SqliteAttachments, QueuedStore[_WriteConnection]):
 
         return work
 
-    def _save(
-        self, conversation_id: str, rows: list[Row], delete_ids: Sequence[str], new: ConversationRecord | None
-    ) -> Work[None]:
+    def _save(self, conversation_id: str, rows: list[Row], new: ConversationRecord | None, opening: bool) -> Work[None]:
+        touch = "UPDATE conversations SET updated_at = ?" + (", leaf_id = NULL" if opening else "") + " WHERE id = ?"
+
         def work(db: sqlite3.Connection) -> None:
             if new is not None:
                 _insert_conversation(db, new)
-            db.executemany("DELETE FROM messages WHERE id = ?", [(mid,) for mid in delete_ids])
             db.executemany(UPSERT_MESSAGE, rows)
-            db.execute("UPDATE conversations SET updated_at = ? WHERE id = ?", (time.time(), conversation_id))
+            db.execute(touch, (time.time(), conversation_id))
 
         return work
+
+    def _choose(self, conversation_id: str, leaf_id: str | None) -> Work[Any]:
+        return lambda db: db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (leaf_id, conversation_id))
 
     def _interrupt(self, message: Message) -> Work[Any]:
         row = (message.content, message.reasoning, message.error, message.id)

@@ -138,11 +138,21 @@ class SqliteAttachments:
 
     def attach_images(self, conversation_id: str, message_id: str, image_ids: list[str]) -> asyncio.Future[Any]:
         marks = ",".join("?" * len(image_ids))
-        # Only waiting ones (or the message's own, written again by an edit): never another message's.
+        # Only waiting ones: never another message's.
         query = f"UPDATE images SET message_id = ? WHERE conversation_id = ? AND id IN ({marks})"
-        query += " AND (message_id IS NULL OR message_id = ?)"
-        row = (message_id, conversation_id, *image_ids, message_id)
+        query += " AND message_id IS NULL"
+        row = (message_id, conversation_id, *image_ids)
         return self._write(lambda db: db.execute(query, row), conversation_id)
+
+    def copy_images(self, conversation_id: str, message_id: str, copies: list[tuple[str, str]]) -> asyncio.Future[Any]:
+        # A copy of each image for an edited message (a new version of its message), bytes copied in the
+        # database: every image stays one message's, served and deleted as before.
+        query = (
+            f"INSERT INTO images ({IMAGE_COLUMNS}, data) SELECT ?, conversation_id, owner, ?, name, type, size,"
+            " width, height, created_at, data FROM images WHERE id = ? AND conversation_id = ?"
+        )
+        rows = [(copy, message_id, original, conversation_id) for original, copy in copies]
+        return self._write(lambda db: db.executemany(query, rows), conversation_id)
 
     def delete_image(self, conversation_id: str, image_id: str) -> asyncio.Future[bool]:
         query = "DELETE FROM images WHERE id = ? AND conversation_id = ? AND message_id IS NULL"

@@ -114,7 +114,7 @@ async def borrowed(request: Request, conversation_id: str) -> AsyncIterator[Conv
 @router.get("/api/conversations/{conversation_id}")
 async def get_conversation(request: Request, conversation_id: str) -> dict[str, Any]:
     async with borrowed(request, conversation_id) as conversation:
-        return {**conversation.record.to_wire(), "messages": [m.to_wire() for m in conversation.history]}
+        return {**conversation.record.to_wire(), "messages": conversation.wire_history()}
 
 
 # Surrounding spaces are dropped before the length is checked: a title of spaces is no title.

@@ -261,14 +261,31 @@ class Client:
             begin = functools.partial(conversation.begin_message, frame.content, images)
         elif conversation is None:
             raise BadFrame(f"Say hello first: a '{frame.type}' needs a conversation.")
+        elif isinstance(frame, protocol.Switch):
+            await self.switch(conversation, frame.message_id)
+            return
         else:
+            answered = (
+                conversation.to_regenerate()
+                if isinstance(frame, protocol.Regenerate)
+                else conversation.to_edit(frame.message_id)
+            )
             # Its images go again with the message answered again: not to a model that cannot see them.
-            self.state.images.refuse_unseen(self._model(conversation), conversation.last_user_images(), again=True)
+            self.state.images.refuse_unseen(self._model(conversation), answered.images, again=True)
             if isinstance(frame, protocol.Regenerate):
                 begin = conversation.begin_regenerate
             else:
                 begin = functools.partial(conversation.begin_edit, frame.message_id, frame.content)
         await begin_turn(self.state, conversation, begin, self.user, self.tools)
+
+    async def switch(self, conversation: Conversation, message_id: str) -> None:
+        """Show other versions: every socket on the conversation, here and on other replicas, gets the path."""
+        await self.state.limits.take_change(self.user)
+        conversation.switch(message_id)
+        conversation.broadcast_text(conversation.path_frame())
+        self.state.coordinator.switched(conversation)
+        # Not waited for: a write the database refuses is kept, and written when it recovers.
+        self.state.store.choose_path(conversation.record)
 
     async def _images(self, conversation: Conversation, ids: list[str]) -> list[ImageRecord]:
         """The images a message names, checked (waiting here, for a model that sees them) before its turn."""
