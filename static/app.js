@@ -7,6 +7,7 @@ import { copyCode } from "./markdown.js";
 import { ToolsPanel } from "./tools.js";
 import { Transcript } from "./transcript.js";
 import { acceptFiles } from "./uploads.js";
+import { lockVersions, makeRoomAfter, showPath, switchFrame } from "./versions.js";
 
 const CONVERSATION_KEY = "pocketchat.conversation";
 const OLD_CONVERSATION_KEY = "pocketchat.session"; // where an earlier page kept it
@@ -67,6 +68,7 @@ const handlers = {
       const view = transcript.append({
         role: "assistant", content: frame.running.content, reasoning: frame.running.reasoning,
         status: "streaming", id: frame.running.message_id, steps: frame.running.steps ?? [],
+        versions: frame.running.versions,
       });
       state.running = { turnId: frame.running.turn_id, seq: frame.running.seq, view };
     }
@@ -84,12 +86,21 @@ const handlers = {
   turn_start(frame) {
     state.lastSent = null; // accepted
     images.sent(frame.message.images ?? []);
-    if (transcript.find(frame.message.id)) transcript.truncateFrom(frame.message.id);
+    if (!makeRoomAfter(transcript, frame.message.parent_id)) {
+      connection.send(helloFrame()); // its parent is not on screen: resync from the server
+      return;
+    }
     transcript.append(frame.message);
-    const view = transcript.append({ role: "assistant", content: "", status: "streaming" });
+    const view = transcript.append({
+      role: "assistant", content: "", status: "streaming", id: frame.reply.id, versions: frame.reply.versions,
+    });
     state.running = { turnId: frame.turn_id, seq: 0, view };
     setStreaming(true);
     announce("The assistant is replying.");
+  },
+
+  path(frame) {
+    if (frame.conversation_id === state.conversationId) showPath(transcript, frame.history);
   },
 
   queued(frame) {
@@ -226,6 +237,7 @@ function setStreaming(streaming) {
   ui.send.textContent = streaming ? "Stop" : "Send";
   ui.send.classList.toggle("stop", streaming);
   ui.send.setAttribute("aria-label", streaming ? "Stop the reply" : "Send message");
+  lockVersions($("transcript"), streaming);
 }
 
 function showConnection({ connected, attempt, retryInMs }) {
@@ -447,6 +459,7 @@ $("transcript").addEventListener("click", (event) => {
   if (button.classList.contains("copy")) { copyCode(button); return; }
   const view = transcript.find(button.closest(".message")?.dataset.id);
   if (button.dataset.action === "regenerate") connection.send({ type: "regenerate" });
+  if (button.dataset.action === "switch") connection.send(switchFrame(button));
   if (button.dataset.action === "edit" && view) startEdit(view);
   if (button.dataset.action === "copy-reply" && view) navigator.clipboard.writeText(view.message.content).catch(() => {});
   if (button.dataset.action === "suggestion") {

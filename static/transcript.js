@@ -6,6 +6,7 @@ import { element } from "./dom.js";
 import { imageUrl, thumbnail } from "./images.js";
 import { MarkdownView } from "./markdown.js";
 import { renderSteps } from "./steps.js";
+import { renderVersions } from "./versions.js";
 
 const BATCH = 25;
 const STICK_PX = 48;
@@ -59,7 +60,11 @@ class MessageView {
     this.notice.hidden = true;
     this.meta = element("p", "meta");
     this.actions = element("div", "actions");
-    this.root.append(this.reasoning, this.steps, this.body, this.notice, this.meta, this.actions);
+    this.versions = element("div", "versions");
+    this.versions.hidden = true;
+    const footer = element("div", "message-footer");
+    footer.append(this.versions, this.actions);
+    this.root.append(this.reasoning, this.steps, this.body, this.notice, this.meta, footer);
     // A message's images never change (an edit is a new message): drawn once.
     if (message.images?.length) this.root.insertBefore(messageImages(conversationId, message.images), this.body);
     this.markdown = message.role === "user" ? null : new MarkdownView(this.body);
@@ -97,6 +102,7 @@ class MessageView {
     this.notice.textContent = notice || "";
     this.notice.classList.toggle("error", Boolean(m.error) || m.status === "error");
     this.meta.textContent = m.status === "streaming" ? "" : describeMeta(m.meta);
+    renderVersions(this.versions, m);
   }
 }
 
@@ -148,10 +154,8 @@ export class Transcript {
     return this.views.find((view) => view.id === id);
   }
 
-  /** Remove the message `id` and everything after it (a regenerate or edit replaces them). */
-  truncateFrom(id) {
-    const index = this.views.findIndex((view) => view.id === id);
-    if (index < 0) return;
+  /** Remove the message at `index` and everything after it (another version replaces them). */
+  removeFrom(index) {
     for (const view of this.views.splice(index)) {
       view.root.remove();
       this.dirty.delete(view);
@@ -182,15 +186,14 @@ export class Transcript {
     if (this.stuck) this.scrollToEnd();
   }
 
-  /** Only the last user message can be edited and only the last reply regenerated, once nothing streams. */
+  /** Any user message can be edited (a new version of it) and the last reply regenerated, once nothing streams. */
   refreshActions() {
     const messages = this.views.filter((view) => !view.message.notice);
     const streaming = messages.some((view) => view.message.status === "streaming");
-    const lastUser = streaming ? null : messages.findLast((view) => view.message.role === "user");
     const last = streaming ? null : messages.at(-1);
     for (const view of this.views) {
       const actions = [];
-      if (view === lastUser) actions.push(["edit", "Edit"]);
+      if (!streaming && view.message.role === "user" && !view.message.notice) actions.push(["edit", "Edit"]);
       if (view === last && view.message.role === "assistant") {
         actions.push(["regenerate", view.message.status === "error" ? "Retry" : "Regenerate"]);
       }
