@@ -148,6 +148,19 @@ export class Transcript {
     return this.views.find((view) => view.id === id);
   }
 
+  /** Scroll to the message `id` and mark it a moment (a search hit); whether it is on screen. */
+  reveal(id) {
+    const view = this.find(id);
+    if (!view) return false;
+    this.stuck = false; // the view stays on the message, not on the latest
+    view.root.scrollIntoView({ block: "center" });
+    view.root.classList.remove("found");
+    void view.root.offsetWidth; // restart the animation when the same message is revealed again
+    view.root.classList.add("found");
+    setTimeout(() => view.root.classList.remove("found"), 2500);
+    return true;
+  }
+
   /** Remove the message `id` and everything after it (a regenerate or edit replaces them). */
   truncateFrom(id) {
     const index = this.views.findIndex((view) => view.id === id);
