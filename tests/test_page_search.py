@@ -74,7 +74,7 @@ def test_the_palette_works_from_the_keyboard_alone(page, app, conversations):
     combobox = page.get_by_role("combobox", name="Search conversations")
     expect(combobox).to_be_focused()
     page.keyboard.type("question")
-    options = page.get_by_role("option")
+    options = dialog.get_by_role("option")
     expect(options).to_have_count(2)  # each conversation once, at its best message
     expect(options.first).to_have_attribute("aria-selected", "true")
     page.keyboard.press("ArrowDown")
