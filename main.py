@@ -38,7 +38,7 @@ from pocketchat.settings import Settings
 from pocketchat.state import AppState
 from pocketchat.store import make_store
 from pocketchat.tools.mcp import McpConfigError, load_config
-from pocketchat.web import documents, images, login, sign_in
+from pocketchat.web import documents, images, login, search, sign_in
 from pocketchat.web.body_limit import BodyLimit
 from pocketchat.web.routes import invalid_request, router
 from pocketchat.web.socket import chat_socket
@@ -85,6 +85,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(router)
     app.include_router(documents.router)
     app.include_router(images.router)
+    app.include_router(search.router)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_api_websocket_route("/ws", chat_socket)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")

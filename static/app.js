@@ -4,6 +4,7 @@ import { Connection } from "./connection.js";
 import { Documents } from "./documents.js";
 import { ImageTray, isImage } from "./images.js";
 import { copyCode } from "./markdown.js";
+import { initSearch } from "./search.js";
 import { ToolsPanel } from "./tools.js";
 import { Transcript } from "./transcript.js";
 import { acceptFiles } from "./uploads.js";
@@ -31,6 +32,7 @@ const state = {
   lastSent: null, // the last message sent, put back in the box if the server refuses it
   models: [],
   vision: null, // the models that see images (null: not known yet)
+  reveal: null, // {conversationId, messageId}: a search hit to show once its conversation is drawn
 };
 
 const transcript = new Transcript($("transcript"), $("scroller"), $("jump"));
@@ -63,7 +65,12 @@ const handlers = {
     state.provider = frame.provider;
     showConversation(frame);
     state.running = null;
-    transcript.reset(frame.conversation_id, frame.history);
+    const drawn = transcript.reset(frame.conversation_id, frame.history);
+    const reveal = state.reveal;
+    if (reveal?.conversationId === frame.conversation_id) {
+      state.reveal = null;
+      drawn.then(() => transcript.reveal(reveal.messageId));
+    }
     if (frame.running) {
       const view = transcript.append({
         role: "assistant", content: frame.running.content, reasoning: frame.running.reasoning,
@@ -304,6 +311,17 @@ function openConversation(id) {
   closeSidebarOnPhone();
 }
 
+/** Open a search hit: its conversation, scrolled to its message. */
+function openHit(conversationId, messageId) {
+  closeSidebarOnPhone();
+  if (conversationId === state.conversationId) {
+    if (messageId) transcript.reveal(messageId);
+    return;
+  }
+  state.reveal = messageId ? { conversationId, messageId } : null;
+  openConversation(conversationId);
+}
+
 function newChat() {
   state.conversationId = null;
   localStorage.removeItem(CONVERSATION_KEY);
@@ -484,5 +502,6 @@ document.addEventListener("keydown", (event) => {
   }
 });
 
+initSearch(openHit, signIn);
 connection.open();
 loadModels();

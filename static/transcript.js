@@ -154,6 +154,28 @@ export class Transcript {
     return this.views.find((view) => view.id === id);
   }
 
+  /** Scroll to the message `id` and mark it a moment (a search hit); whether it is on screen. */
+  reveal(id) {
+    const view = this.find(id);
+    if (!view) return false;
+    this.stuck = false; // the view stays on the message, not on the latest
+    // The messages above it take their real height only once laid out (their blocks are
+    // `content-visibility: auto`), which moves it: for a moment, each change of the transcript's height
+    // centres it again, until the user scrolls.
+    const centre = () => view.root.scrollIntoView({ block: "center" });
+    const observer = new ResizeObserver(centre);
+    observer.observe(this.container);
+    const stop = () => observer.disconnect();
+    setTimeout(stop, 1500);
+    for (const event of ["wheel", "touchstart", "keydown"]) this.scroller.addEventListener(event, stop, { once: true });
+    centre();
+    view.root.classList.remove("found");
+    void view.root.offsetWidth; // restart the animation when the same message is revealed again
+    view.root.classList.add("found");
+    setTimeout(() => view.root.classList.remove("found"), 2500);
+    return true;
+  }
+
   /** Remove the message at `index` and everything after it (another version replaces them). */
   removeFrom(index) {
     for (const view of this.views.splice(index)) {

@@ -1,5 +1,5 @@
 """Search a user's own conversations, for the model's search tool: the newest messages holding every
-word of the query. (A plain substring search, until the conversations get a search index of their own.)"""
+word of the query (by its stem), found through the database's search index (pocketchat/search.py)."""
 
 import datetime
 from typing import Any, Protocol

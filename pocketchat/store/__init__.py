@@ -20,6 +20,7 @@ from pocketchat.records import (
     MessageHit,
     Passage,
 )
+from pocketchat.search import SearchHit, SearchQuery
 from pocketchat.settings import Settings
 
 
@@ -136,13 +137,12 @@ class Store(Protocol):
     async def image_data(self, owner: str, ids: list[str]) -> dict[str, tuple[str, bytes]]:
         """The type and bytes of these images, if `owner` owns them, by id."""
 
+    async def search(self, owner: str, query: SearchQuery, limit: int) -> list[SearchHit]:
+        """The owner's conversations that hold every word of the query, best first (pocketchat/search.py)."""
+
     async def search_messages(self, owner: str, terms: list[str], most: int, leave_out_turn: str) -> list[MessageHit]:
-        """The owner's newest messages holding every term, case-insensitively, but those of one turn."""
-
-
-def like_pattern(term: str) -> str:
-    """A LIKE pattern matching `term` anywhere, its own % and _ taken literally (escaped with \\)."""
-    return "%" + term.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        """The owner's newest messages holding every term (by its stem, as `search` matches), but those of
+        one turn."""
 
 
 TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered

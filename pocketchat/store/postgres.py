@@ -22,10 +22,9 @@ from pocketchat.records import (
     ConversationRecord,
     ImageRecord,
     Message,
-    MessageHit,
     with_images,
 )
-from pocketchat.store import TOMBSTONE_SECONDS, like_pattern, session_hash
+from pocketchat.store import TOMBSTONE_SECONDS, session_hash
 from pocketchat.store.postgres_attachments import IMAGE_COLUMNS, PostgresAttachments, rows_changed
 from pocketchat.store.postgres_connection import (
     COMMAND_TIMEOUT,
@@ -36,6 +35,7 @@ from pocketchat.store.postgres_connection import (
     may_pass,
 )
 from pocketchat.store.postgres_schema import START_TIMEOUT, migrate
+from pocketchat.store.postgres_search import PostgresSearch
 from pocketchat.store.queued import QueuedStore, Row
 
 logger = logging.getLogger(__name__)
@@ -46,6 +46,8 @@ POOL_SIZE = 5  # read connections at most
 CLOSE_TIMEOUT = 15.0  # seconds close() waits for the writer before it gives up on what is left
 READ_TIMEOUT = 3.0  # seconds a read may take; then the user is told the database is unavailable
 STALL_SECONDS = 1.0  # a write (or probe) the server has not answered for this long makes /healthz fail
+
+MESSAGE_COLUMNS = "seq, id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at"
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
 # replica that took its turn over) no later write changes it: a producer that was paused past its lease
@@ -84,7 +86,7 @@ async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecor
     )
 
 
-class PostgresStore(PostgresAttachments, QueuedStore[WriteConnection]):
+class PostgresStore(PostgresAttachments, PostgresSearch, QueuedStore[WriteConnection]):
     """The store in PostgreSQL: shared by every replica that names the same database."""
 
     def __init__(self, url: str) -> None:
@@ -194,27 +196,14 @@ class PostgresStore(PostgresAttachments, QueuedStore[WriteConnection]):
                 row = await db.fetchrow("SELECT * FROM conversations WHERE id = $1", conversation_id)
                 if row is None:
                     return None
-                query = "SELECT * FROM messages WHERE conversation_id = $1 ORDER BY seq"
+                # Not `words`, the search index's vector (as long as the text): never read back.
+                query = f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE conversation_id = $1 ORDER BY seq"
                 messages = [Message.from_row(message) for message in await db.fetch(query, conversation_id)]
                 query = f"SELECT {IMAGE_COLUMNS} FROM images WHERE conversation_id = $1 AND message_id IS NOT NULL"
                 images = await db.fetch(query + " ORDER BY created_at, id", conversation_id)
                 return ConversationRecord.from_row(row), with_images(messages, map(ImageRecord.from_row, images))
 
         return await self._read(work)
-
-    async def search_messages(self, owner: str, terms: list[str], most: int, leave_out_turn: str) -> list[MessageHit]:
-        """The owner's newest messages that hold every one of `terms` (ILIKE: case-insensitive), leaving
-        out those of the turn `leave_out_turn`."""
-        likes = " AND ".join(f"m.content ILIKE ${number} ESCAPE '\\'" for number in range(4, 4 + len(terms)))
-        query = (
-            "SELECT m.conversation_id, c.title, m.role, m.content, m.created_at FROM messages m"
-            " JOIN conversations c ON c.id = m.conversation_id"
-            " WHERE c.owner = $1 AND m.turn_id IS DISTINCT FROM $2"
-            f" {'AND ' + likes if likes else ''} ORDER BY m.created_at DESC LIMIT $3"
-        )
-        args = (owner, leave_out_turn, most, *(like_pattern(term) for term in terms))
-        rows = await self._read(lambda db: db.fetch(query, *args))
-        return [MessageHit(*row) for row in rows]
 
     async def read_secret(self, name: str) -> str | None:
         return await self._read(lambda db: db.fetchval("SELECT value FROM secrets WHERE name = $1", name))

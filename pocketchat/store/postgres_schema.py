@@ -136,6 +136,39 @@ UPDATE messages SET parent_id = ordered.before
     FROM (SELECT seq, lag(id) OVER (PARTITION BY conversation_id ORDER BY seq) AS before FROM messages) AS ordered
     WHERE messages.seq = ordered.seq AND ordered.before IS NOT NULL;
 """,
+    # Search (SQLite's step 9, pocketchat/search.py): a tsvector of each final message (NULL while a reply
+    # streams: it is rewritten every few seconds), with its owner as one more lexeme ('~' and the hex
+    # SHA-256 of the name, which no query word can be) so that one user's search never ranks another's
+    # messages, and a tsvector of each title; both with GIN indexes, written by the statement that writes
+    # the row, so they never drift. The UPDATE fills the vectors of the messages stored before. Text is
+    # read with '<' as a space: PostgreSQL's parser skips what looks like an HTML tag, and a chat's code
+    # and pasted markup must be found by its words.
+    """
+CREATE FUNCTION messages_words() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    owner_lexeme TEXT;
+BEGIN
+    IF NEW.status = 'streaming' THEN
+        NEW.words := NULL;
+    ELSE
+        SELECT '~' || encode(sha256(convert_to(owner, 'UTF8')), 'hex') INTO owner_lexeme
+            FROM conversations WHERE id = NEW.conversation_id;
+        NEW.words := to_tsvector('english', translate(NEW.content, '<', ' '))
+            || array_to_tsvector(ARRAY[coalesce(owner_lexeme, '~')]);
+    END IF;
+    RETURN NEW;
+END
+$$;
+ALTER TABLE messages ADD COLUMN words TSVECTOR;
+CREATE TRIGGER messages_words BEFORE INSERT OR UPDATE OF content, status ON messages
+    FOR EACH ROW EXECUTE FUNCTION messages_words();
+UPDATE messages SET status = status WHERE status != 'streaming';
+CREATE INDEX messages_words ON messages USING GIN (words);
+ALTER TABLE conversations
+    ADD COLUMN title_words TSVECTOR
+    GENERATED ALWAYS AS (to_tsvector('english', translate(coalesce(title, ''), '<', ' '))) STORED;
+CREATE INDEX conversations_title_words ON conversations USING GIN (title_words);
+""",
 ]
 
 

@@ -22,13 +22,13 @@ from pocketchat.records import (
     ConversationRecord,
     ImageRecord,
     Message,
-    MessageHit,
     with_images,
 )
-from pocketchat.store import TOMBSTONE_SECONDS, like_pattern, session_hash
+from pocketchat.store import TOMBSTONE_SECONDS, session_hash
 from pocketchat.store.queued import QueuedStore, Row
 from pocketchat.store.sqlite_attachments import IMAGE_COLUMNS, SqliteAttachments
 from pocketchat.store.sqlite_schema import migrate
+from pocketchat.store.sqlite_search import SqliteSearch
 from pocketchat.store.writes import Database, Job
 
 logger = logging.getLogger(__name__)
@@ -150,7 +150,7 @@ def _roll_back(db: sqlite3.Connection) -> None:
         db.rollback()  # SQLite may have rolled it back already (a full disk does)
 
 
-class SqliteStore(SqliteAttachments, QueuedStore[_WriteConnection]):
+class SqliteStore(SqliteAttachments, SqliteSearch, QueuedStore[_WriteConnection]):
     """The store in one SQLite file: the default, for one process."""
 
     def __init__(self, path: Path) -> None:
@@ -216,19 +216,6 @@ class SqliteStore(SqliteAttachments, QueuedStore[_WriteConnection]):
             return ConversationRecord.from_row(row), with_images(messages, map(ImageRecord.from_row, images))
 
         return await self._read(work)
-
-    async def search_messages(self, owner: str, terms: list[str], most: int, leave_out_turn: str) -> list[MessageHit]:
-        """The owner's newest messages that hold every one of `terms` (a LIKE each, case-insensitive for
-        ASCII), leaving out those of the turn `leave_out_turn`."""
-        likes = " AND ".join("m.content LIKE ? ESCAPE '\\'" for _ in terms) or "1 = 1"
-        query = (
-            "SELECT m.conversation_id, c.title, m.role, m.content, m.created_at FROM messages m"
-            " JOIN conversations c ON c.id = m.conversation_id"
-            f" WHERE c.owner = ? AND m.turn_id IS NOT ? AND {likes} ORDER BY m.created_at DESC LIMIT ?"
-        )
-        args = (owner, leave_out_turn, *(like_pattern(term) for term in terms), most)
-        rows = await self._read(lambda db: db.execute(query, args).fetchall())
-        return [MessageHit(*row) for row in rows]
 
     async def read_secret(self, name: str) -> str | None:
         row = await self._read(lambda db: db.execute("SELECT value FROM secrets WHERE name = ?", (name,)).fetchone())

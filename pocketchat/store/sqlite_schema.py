@@ -137,6 +137,57 @@ UPDATE messages SET parent_id = (
     ORDER BY before.seq DESC LIMIT 1
 );
 """,
+    # Search (pocketchat/search.py): full-text indexes of message text and of titles (FTS5 over the tables
+    # themselves, kept by triggers in the writing transaction, so they never drift). A message is indexed
+    # once it is final (a reply streaming is rewritten every few seconds), with its owner as a word of a
+    # column of its own (the name's hex: no query word can hold another user's, and the owner's own
+    # matches only the owner's rows), so that a search reads no other user's matches. The view is what
+    # the index holds, for FTS5 to read back (snippets, a rebuild). A conversation's messages are
+    # deleted before it (the cascade would come after it), while their owner can still be read to take
+    # them out of the index. Titles are indexed by the conversation's rowid, which VACUUM keeps (it copies
+    # the table whole).
+    """
+CREATE VIEW messages_indexed (seq, content, owner) AS
+    SELECT m.seq, m.content, hex(c.owner) FROM messages m JOIN conversations c ON c.id = m.conversation_id
+    WHERE m.status != 'streaming';
+CREATE VIRTUAL TABLE messages_text USING fts5(
+    content, owner, content='messages_indexed', content_rowid='seq', tokenize='porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER messages_text_insert AFTER INSERT ON messages WHEN new.status != 'streaming' BEGIN
+    INSERT INTO messages_text(rowid, content, owner)
+        SELECT new.seq, new.content, hex(owner) FROM conversations WHERE id = new.conversation_id;
+END;
+CREATE TRIGGER messages_text_delete AFTER DELETE ON messages WHEN old.status != 'streaming' BEGIN
+    INSERT INTO messages_text(messages_text, rowid, content, owner)
+        SELECT 'delete', old.seq, old.content, hex(owner) FROM conversations WHERE id = old.conversation_id;
+END;
+CREATE TRIGGER messages_text_update AFTER UPDATE OF content, status ON messages BEGIN
+    INSERT INTO messages_text(messages_text, rowid, content, owner)
+        SELECT 'delete', old.seq, old.content, hex(owner) FROM conversations
+        WHERE id = old.conversation_id AND old.status != 'streaming';
+    INSERT INTO messages_text(rowid, content, owner)
+        SELECT new.seq, new.content, hex(owner) FROM conversations
+        WHERE id = new.conversation_id AND new.status != 'streaming';
+END;
+CREATE TRIGGER conversations_delete_messages BEFORE DELETE ON conversations BEGIN
+    DELETE FROM messages WHERE conversation_id = old.id;
+END;
+CREATE VIRTUAL TABLE conversations_text USING fts5(
+    title, content='conversations', tokenize='porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER conversations_text_insert AFTER INSERT ON conversations BEGIN
+    INSERT INTO conversations_text(rowid, title) VALUES (new.rowid, new.title);
+END;
+CREATE TRIGGER conversations_text_delete AFTER DELETE ON conversations BEGIN
+    INSERT INTO conversations_text(conversations_text, rowid, title) VALUES ('delete', old.rowid, old.title);
+END;
+CREATE TRIGGER conversations_text_update AFTER UPDATE OF title ON conversations BEGIN
+    INSERT INTO conversations_text(conversations_text, rowid, title) VALUES ('delete', old.rowid, old.title);
+    INSERT INTO conversations_text(rowid, title) VALUES (new.rowid, new.title);
+END;
+INSERT INTO messages_text(messages_text) VALUES ('rebuild');
+INSERT INTO conversations_text(conversations_text) VALUES ('rebuild');
+""",
 ]
 
 

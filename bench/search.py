@@ -1,0 +1,324 @@
+"""Search: query time and what the index costs the writes, in both storage modes, on 2 cores.
+
+    .venv/bin/python -m bench.search
+
+One database of each kind (a SQLite file; a PostgreSQL database of its own on the local server, the
+tests' POCKETCHAT_TEST_POSTGRES) holds 10,000 conversations and 1,000,000 messages of 10 users (1,000
+conversations and 100,000 messages each), synthetic text: words drawn from a Zipf distribution over a
+vocabulary of common English words and 40,000 made-up ones (user messages of 5 to 35 words, replies of
+30 to 130), titled by their first words. Loaded in bulk (executemany, COPY) without the index, which
+is then built whole.
+
+- inserts: a turn written as the app writes it (the user message and a streaming reply in one
+  transaction, then the finished reply in another), one turn after another, without the index (its
+  triggers dropped, or disabled and its GIN index not built yet) and with it, in the same run: the
+  median turn and the ratio of the medians;
+- search: queries of one user through the store's `search` (what GET /api/search runs), 1 to 3 words
+  taken from that user's messages (so that they match), a third of them with the last word cut to its
+  first 3 to 5 letters as while typing: median and p95.
+"""
+
+import argparse
+import asyncio
+import json
+import random
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import numpy as np
+
+from pocketchat.records import Message, new_id
+from pocketchat.search import parse_query
+from pocketchat.store import postgres, sqlite
+from pocketchat.store.postgres import PostgresStore
+from pocketchat.store.sqlite import SqliteStore
+from tests.services import fresh_database
+from utils.retrieval import STOPWORDS
+
+# The head of the vocabulary: everyday English, and words a chat about work holds.
+COMMON_WORDS = """
+the of and to a in is it you that he was for on are with as i his they be at one have this from or had by
+word but what some we can out other were all there when up use your how said an each she which do their time
+if will way about many then them write would like so these her long make thing see him two has look more day
+could go come did number sound no most people my over know water than call first who may down side been now
+find any new work part take get place made live where after back little only round man year came show every
+good me give our under name very through just form sentence great think say help low line differ turn cause
+much mean before move right boy old too same tell does set three want air well also play small end put home
+read hand port large spell add even land here must big high such follow act why ask men change went light kind
+off need house picture try us again animal point mother world near build self earth father head stand own page
+should country found answer school grow study still learn plant cover food sun four between state keep eye
+never last let thought city tree cross farm hard start might story saw far sea draw left late run while press
+close night real life few north open seem together next white children begin got walk example ease paper group
+always music those both mark often letter until mile river car feet care second book carry took science eat
+room friend began idea fish mountain stop once base hear horse cut sure watch color face wood main python
+docker kubernetes database query index server error function class deploy memory thread async request response
+json token model test cache queue deadline budget recipe garden travel invoice contract"""
+SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["ar", "en", "or", "is", "an", "el", "on"]
+TURNS = {"sqlite": 2000, "postgres": 500}  # turns written for the insert figures, each way
+
+
+class Corpus:
+    """The synthetic conversations and messages, the same for both databases (one seed)."""
+
+    def __init__(self, conversations: int, messages: int, users: int, seed: int = 7) -> None:
+        self.random = random.Random(seed)
+        rng = np.random.default_rng(seed)
+        rare: set[str] = set()
+        while len(rare) < 40_000:
+            rare.add("".join(self.random.choice(SYLLABLES) for _ in range(self.random.randint(2, 4))))
+        self.vocabulary = np.array(COMMON_WORDS.split() + sorted(rare))
+        weights = 1 / np.arange(1, len(self.vocabulary) + 1) ** 1.07
+        self.users = [f"user{n}" for n in range(users)]
+        self.conversation_ids = [new_id() for _ in range(conversations)]
+        self.per_conversation = messages // conversations
+        lengths = np.where(np.arange(messages) % 2 == 0, rng.integers(5, 36, messages), rng.integers(30, 131, messages))
+        words = rng.choice(len(self.vocabulary), size=int(lengths.sum()), p=weights / weights.sum())
+        ends = np.cumsum(lengths)
+        self.texts = [" ".join(self.vocabulary[words[end - n : end]]) for n, end in zip(lengths, ends, strict=True)]
+
+    def owner(self, conversation: int) -> str:
+        return self.users[conversation % len(self.users)]
+
+    def conversations(self) -> Iterator[tuple[Any, ...]]:
+        """(id, owner, title, model, system_prompt, created_at, updated_at)."""
+        for n, conversation_id in enumerate(self.conversation_ids):
+            title = " ".join(self.texts[n * self.per_conversation].split()[:6])
+            yield conversation_id, self.owner(n), title, "bench", "", float(n), float(n)
+
+    def messages(self) -> Iterator[tuple[Any, ...]]:
+        """(id, conversation_id, role, content, status, created_at)."""
+        for n, text in enumerate(self.texts):
+            conversation = min(n // self.per_conversation, len(self.conversation_ids) - 1)
+            role = "user" if n % 2 == 0 else "assistant"
+            yield new_id(), self.conversation_ids[conversation], role, text, "complete", float(n)
+
+    def queries(self, user: str, count: int) -> list[str]:
+        """Words of the user's own messages, as someone looking for them would type them."""
+        own = [n for n in range(len(self.conversation_ids)) if self.owner(n) == user]
+        queries = []
+        while len(queries) < count:
+            conversation = self.random.choice(own)
+            text = self.texts[conversation * self.per_conversation + self.random.randrange(self.per_conversation)]
+            words = [word for word in set(text.split()) if word not in STOPWORDS]
+            if not words:
+                continue
+            picked = self.random.sample(sorted(words), min(len(words), self.random.randint(1, 3)))
+            if self.random.random() < 1 / 3 and len(picked[-1]) > 3:
+                picked[-1] = picked[-1][: self.random.randint(3, min(5, len(picked[-1])))]
+                queries.append(" ".join(picked))
+            else:
+                queries.append(" ".join(picked) + " ")  # a finished word: matched whole
+        return queries
+
+
+def percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
+
+
+def turn_rows(conversation_id: str) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
+    """A turn's opening rows (the user message, the streaming reply) and its finished reply's row."""
+    user = Message("user", "how do I keep the invoice budget within the deadline for the garden contract?")
+    reply = Message("assistant", "", status="streaming")
+    opening = [user.to_row(conversation_id), reply.to_row(conversation_id)]
+    reply.content = "Split the invoice into monthly parts, agree the deadline in the contract, and " * 4
+    reply.status = "complete"
+    return opening, reply.to_row(conversation_id)
+
+
+async def search_times(store: Any, queries: list[str]) -> tuple[list[float], int]:
+    """Each query's time in milliseconds through the store's `search`, and how many found nothing."""
+    for query in queries[:20]:  # warm the caches a real server has warm
+        await store.search("user0", parse_query(query), 20)
+    times, empty = [], 0
+    for query in queries:
+        started = time.perf_counter()
+        hits = await store.search("user0", parse_query(query), 20)
+        times.append((time.perf_counter() - started) * 1000)
+        empty += not hits
+    return times, empty
+
+
+# ---- SQLite ----------------------------------------------------------------------------------------
+
+
+def sqlite_turns(db: sqlite3.Connection, conversation_ids: list[str], turns: int) -> float:
+    """The median time of a turn's two transactions, in milliseconds."""
+    times = []
+    for n in range(turns):
+        opening, finished = turn_rows(conversation_ids[n % len(conversation_ids)])
+        started = time.perf_counter()
+        db.execute("BEGIN")
+        db.executemany(sqlite.UPSERT_MESSAGE, opening)
+        db.execute("COMMIT")
+        db.execute("BEGIN")
+        db.execute(sqlite.UPSERT_MESSAGE, finished)
+        db.execute("COMMIT")
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+async def bench_sqlite(corpus: Corpus, queries: list[str], directory: Path) -> dict[str, Any]:
+    path = directory / "search.db"
+    store = SqliteStore(path)
+    await store.open()
+    await store.close()
+    db = sqlite3.connect(path, isolation_level=None)
+    db.execute("PRAGMA synchronous = NORMAL")  # as the app's writer
+    index = "SELECT name, sql FROM sqlite_master WHERE type = 'trigger' AND name GLOB '*s_text_*'"
+    triggers = [row for row in db.execute(index) if row[0].split("_text_")[0] in ("messages", "conversations")]
+    for name, _ in triggers:
+        db.execute(f"DROP TRIGGER {name}")
+    started = time.perf_counter()
+    db.execute("BEGIN")
+    db.executemany(
+        "INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
+        " VALUES (?, ?, ?, ?, ?, ?, ?)",
+        corpus.conversations(),
+    )
+    db.executemany(
+        "INSERT INTO messages (id, conversation_id, role, content, status, created_at) VALUES (?, ?, ?, ?, ?, ?)",
+        corpus.messages(),
+    )
+    db.execute("COMMIT")
+    loaded = time.perf_counter() - started
+    without = sqlite_turns(db, corpus.conversation_ids, TURNS["sqlite"])
+    started = time.perf_counter()
+    db.execute("BEGIN")
+    for _, sql in triggers:
+        db.execute(sql)
+    db.execute("INSERT INTO messages_text(messages_text) VALUES ('rebuild')")
+    db.execute("INSERT INTO conversations_text(conversations_text) VALUES ('rebuild')")
+    db.execute("COMMIT")
+    indexed = time.perf_counter() - started
+    with_index = sqlite_turns(db, corpus.conversation_ids, TURNS["sqlite"])
+    db.close()
+    store = SqliteStore(path)
+    await store.open()
+    try:
+        times, empty = await search_times(store, queries)
+    finally:
+        await store.close()
+    return report("SQLite", loaded, indexed, without, with_index, times, empty, path.stat().st_size)
+
+
+# ---- PostgreSQL ------------------------------------------------------------------------------------
+
+
+async def postgres_turns(db: asyncpg.Connection, conversation_ids: list[str], turns: int) -> float:
+    times = []
+    for n in range(turns):
+        opening, finished = turn_rows(conversation_ids[n % len(conversation_ids)])
+        started = time.perf_counter()
+        async with db.transaction():
+            await db.executemany(postgres.UPSERT_MESSAGE, opening)
+        async with db.transaction():
+            await db.execute(postgres.UPSERT_MESSAGE, *finished)
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+async def bench_postgres(corpus: Corpus, queries: list[str], url: str) -> dict[str, Any]:
+    store = PostgresStore(url)
+    await store.open()
+    await store.close()
+    db = await asyncpg.connect(url)
+    try:
+        await db.execute("SET maintenance_work_mem = '256MB'")
+        index = await db.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = 'messages_words'")
+        await db.execute("DROP INDEX messages_words")
+        started = time.perf_counter()
+        columns = ["id", "owner", "title", "model", "system_prompt", "created_at", "updated_at"]
+        await db.copy_records_to_table("conversations", records=list(corpus.conversations()), columns=columns)
+        await db.execute("ALTER TABLE messages DISABLE TRIGGER messages_words")
+        columns = ["id", "conversation_id", "role", "content", "status", "created_at"]
+        await db.copy_records_to_table("messages", records=corpus.messages(), columns=columns)
+        loaded = time.perf_counter() - started
+        without = await postgres_turns(db, corpus.conversation_ids, TURNS["postgres"])
+        started = time.perf_counter()
+        await db.execute("ALTER TABLE messages ENABLE TRIGGER messages_words")
+        await db.execute("UPDATE messages SET status = status WHERE status != 'streaming'")  # the migration's way
+        await db.execute(index)
+        await db.execute("VACUUM ANALYZE messages")
+        await db.execute("ANALYZE conversations")
+        indexed = time.perf_counter() - started
+        with_index = await postgres_turns(db, corpus.conversation_ids, TURNS["postgres"])
+        size = await db.fetchval("SELECT pg_database_size(current_database())")
+    finally:
+        await db.close()
+    store = PostgresStore(url)
+    await store.open()
+    try:
+        times, empty = await search_times(store, queries)
+    finally:
+        await store.close()
+    return report("PostgreSQL", loaded, indexed, without, with_index, times, empty, size)
+
+
+def report(
+    mode: str,
+    loaded: float,
+    indexed: float,
+    without: float,
+    with_index: float,
+    times: list[float],
+    empty: int,
+    size: int,
+) -> dict[str, Any]:
+    figures = {
+        "mode": mode,
+        "load_s": round(loaded, 1),
+        "index_build_s": round(indexed, 1),
+        "turn_ms_without_index": round(without, 3),
+        "turn_ms_with_index": round(with_index, 3),
+        "insert_ratio": round(with_index / without, 2),
+        "search_median_ms": round(statistics.median(times), 2),
+        "search_p95_ms": round(percentile(times, 0.95), 2),
+        "search_max_ms": round(max(times), 2),
+        "queries": len(times),
+        "queries_finding_nothing": empty,
+        "database_mb": round(size / 1e6),
+    }
+    print(json.dumps(figures), flush=True)
+    return figures
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--conversations", type=int, default=10_000)
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--users", type=int, default=10)
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--modes", default="sqlite,postgres")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    corpus = Corpus(args.conversations, args.messages, args.users)
+    queries = corpus.queries("user0", args.queries)
+    print(f"corpus made in {time.perf_counter() - started:.0f} s", flush=True)
+    runs: dict[str, Callable[[], Any]] = {}
+    if "sqlite" in args.modes:
+        runs["sqlite"] = lambda: sqlite_run(corpus, queries)
+    if "postgres" in args.modes:
+        runs["postgres"] = lambda: postgres_run(corpus, queries)
+    for run in runs.values():
+        run()
+
+
+def sqlite_run(corpus: Corpus, queries: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        asyncio.run(bench_sqlite(corpus, queries, Path(directory)))
+
+
+def postgres_run(corpus: Corpus, queries: list[str]) -> None:
+    with fresh_database() as url:
+        asyncio.run(bench_postgres(corpus, queries, url))
+
+
+if __name__ == "__main__":
+    main()

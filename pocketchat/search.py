@@ -1,0 +1,167 @@
+"""Search over a user's own conversations: what a query means, and how the hits the database finds are
+ranked and shown, once for both stores.
+
+The index lives in the database itself and is written by the transaction that writes the message or the
+title (SQLite FTS5 tables kept by triggers, PostgreSQL tsvector columns with GIN indexes), so that it can
+never drift from what is stored: a deleted conversation, or an edited message's old text, is gone from
+the index when the delete commits. Each store finds the candidates (`Candidates`); this module makes
+them hits: one a conversation, at its best-matching message, the title weighing more than a message.
+"""
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pocketchat.records import Role
+from utils.retrieval import STOPWORDS
+
+MAX_QUERY_CHARACTERS = 500
+MAX_LIMIT = 50
+WORD = re.compile(r"[^\W_]+")  # what the query's words are: letters and digits, nothing FTS syntax reads
+PREFIX_MIN = 3  # a last word shorter than this is matched whole: "a*" would match nearly everything
+TERM_CHARACTERS = 64
+# Messages ranked at most, the newest of those matching: ranking costs a read of each, and a word found
+# in most messages would cost a scan of them all. Older matches are found by a more precise query.
+CANDIDATES = 500
+# A title that holds the words says more about a conversation than a message that does: the best title
+# counts twice the best message (each score taken over the best of its kind in the answer: BM25 and
+# ts_rank have scales of their own, and BM25 gives a word found in most titles almost nothing).
+TITLE_WEIGHT = 2.0
+SNIPPET_TOKENS = 20  # words in a snippet, about
+# What the databases wrap a matching word in, in a snippet; turned into `highlights` here. Private-use
+# characters: a message that holds one gets a snippet without highlights (never a wrong one).
+MARK_START, MARK_END = "\ue000", "\ue001"
+
+
+@dataclass(frozen=True)
+class SearchQuery:
+    """The words to find, lower case, each one in every hit (in the message, or in the title); `prefix`:
+    the last one also matches the words it begins (the user is still typing it)."""
+
+    terms: tuple[str, ...]
+    prefix: bool = False
+
+
+def parse_query(text: str) -> SearchQuery:
+    """The query's words, without the common ones (they would match nearly every message). Quotes,
+    operators and other punctuation are not syntax: they separate words, like spaces."""
+    words = [word[:TERM_CHARACTERS] for word in WORD.findall(text.lower())]
+    typing = bool(words) and WORD.fullmatch(text[-1:]) is not None  # the last word is not finished
+    prefix = typing and len(words[-1]) >= PREFIX_MIN and words[-1] not in STOPWORDS
+    kept = dict.fromkeys(word for word in words if word not in STOPWORDS)
+    if prefix:
+        kept.pop(words[-1], None)  # last, whatever came before
+        kept[words[-1]] = None
+    return SearchQuery(tuple(kept), prefix)
+
+
+@dataclass
+class Candidates:
+    """What a store's index found for a query: the owner's newest matching messages, each as (its key in
+    the store, its conversation, its score: higher is better), and the titles that match, by conversation."""
+
+    messages: list[tuple[Any, str, float]] = field(default_factory=list)
+    titles: dict[str, float] = field(default_factory=dict)
+
+    def best(self, limit: int) -> list[tuple[str, Any | None, float]]:
+        """One hit a conversation, best first: (conversation, its best message's key or None when only the
+        title matches, rank). Rank: that message's score over the best message's, plus TITLE_WEIGHT times
+        the title's over the best title's."""
+        best: dict[str, tuple[Any, float]] = {}
+        for key, conversation_id, score in self.messages:
+            if conversation_id not in best or score > best[conversation_id][1]:
+                best[conversation_id] = (key, score)
+        top_message = max((score for _, score in best.values()), default=0.0) or 1.0
+        top_title = max(self.titles.values(), default=0.0) or 1.0
+        ranked = {conversation_id: (key, score / top_message) for conversation_id, (key, score) in best.items()}
+        for conversation_id, score in self.titles.items():
+            key, rank = ranked.get(conversation_id, (None, 0.0))
+            ranked[conversation_id] = (key, rank + TITLE_WEIGHT * score / top_title)
+        hits = [(conversation_id, key, rank) for conversation_id, (key, rank) in ranked.items()]
+        hits.sort(key=lambda hit: hit[2], reverse=True)
+        return hits[:limit]
+
+
+Ranges = list[tuple[int, int]]
+
+
+def unmark(marked: str) -> tuple[str, Ranges]:
+    """Text with its matching words wrapped in MARK_START and MARK_END, as plain text and the ranges
+    [start, end) of those words, in characters (code points)."""
+    text: list[str] = []
+    ranges: Ranges = []
+    length = 0
+    start: int | None = None
+    for piece in re.split(f"([{MARK_START}{MARK_END}])", marked):
+        if piece == MARK_START:
+            start = length
+        elif piece == MARK_END:
+            if start is not None and length > start:
+                ranges.append((start, length))
+            start = None
+        else:
+            text.append(piece)
+            length += len(piece)
+    return "".join(text), ranges
+
+
+def highlighted(marked: str | None, source: str | None) -> tuple[str, Ranges]:
+    """`unmark(marked)`, or (if the source text holds a marker itself, so that the marks cannot be told
+    from it) the text without any marker and without highlights."""
+    if marked is None:
+        return "", []
+    if source is not None and (MARK_START in source or MARK_END in source):
+        return marked.replace(MARK_START, "").replace(MARK_END, ""), []
+    return unmark(marked)
+
+
+@dataclass
+class SearchHit:
+    """A conversation that a search found, at its best-matching message (None: its title alone matched).
+    `snippet` and `title` are plain text; `highlights` and `title_highlights` say where the query's words
+    are in them: the page shows them as text, never as markup."""
+
+    conversation_id: str
+    message_id: str | None
+    role: Role | None
+    title: str | None
+    title_highlights: Ranges
+    snippet: str
+    highlights: Ranges
+    rank: float
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "conversation_id": self.conversation_id,
+            "message_id": self.message_id,
+            "role": self.role,
+            "title": self.title,
+            "title_highlights": [list(pair) for pair in self.title_highlights],
+            "snippet": self.snippet,
+            "highlights": [list(pair) for pair in self.highlights],
+            "rank": round(self.rank, 6),
+        }
+
+
+def assemble(
+    ranked: list[tuple[str, Any | None, float]],
+    snippets: dict[Any, tuple[str, Role, str, Ranges]],
+    titles: dict[str, tuple[str | None, Ranges]],
+) -> list[SearchHit]:
+    """The hits, in rank order, from what the store read for them: each message's (id, role, snippet,
+    highlights) by key, each conversation's (title, highlights). A hit whose rows went meanwhile (a
+    delete that committed between the reads) is left out."""
+    hits = []
+    for conversation_id, key, rank in ranked:
+        if conversation_id not in titles or (key is not None and key not in snippets):
+            continue
+        title, title_highlights = titles[conversation_id]
+        message_id, role, snippet, highlights = snippets[key] if key is not None else (None, None, "", [])
+        hits.append(SearchHit(conversation_id, message_id, role, title, title_highlights, snippet, highlights, rank))
+    return hits
+
+
+def keys(ranked: Iterable[tuple[str, Any | None, float]]) -> list[Any]:
+    """The message keys of ranked hits (those found by a message)."""
+    return [key for _, key, _ in ranked if key is not None]

@@ -1,0 +1,132 @@
+"""Search in PostgreSQL: tsvector columns with GIN indexes over messages and titles (the trigger and
+columns of its schema's step 8), ranked by ts_rank."""
+
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from pocketchat.records import MessageHit
+from pocketchat.search import (
+    CANDIDATES,
+    MARK_END,
+    MARK_START,
+    SNIPPET_TOKENS,
+    Candidates,
+    Ranges,
+    SearchHit,
+    SearchQuery,
+    assemble,
+    highlighted,
+    keys,
+)
+
+HEADLINE = f"StartSel={MARK_START}, StopSel={MARK_END}, MaxWords={SNIPPET_TOKENS}, MinWords={SNIPPET_TOKENS // 2}"
+TITLE_HEADLINE = f"StartSel={MARK_START}, StopSel={MARK_END}, HighlightAll=true"
+
+
+def tsquery(query: SearchQuery) -> str:
+    """The query in to_tsquery's syntax: each word quoted (they hold letters and digits only), all of them.
+    Words the 'english' configuration drops (its stop words) drop out; `numnode` tells a query left empty."""
+    words = [f"'{term}'" for term in query.terms]
+    if query.prefix:
+        words[-1] += ":*"
+    return " & ".join(words)
+
+
+def as_read(text: str) -> str:
+    """The text as the index reads it: '<' a space (PostgreSQL's parser skips what looks like a tag)."""
+    return text.replace("<", " ")
+
+
+def shown(marked: str | None, source: str | None) -> tuple[str, Ranges]:
+    """A headline of `as_read(source)` as plain text and highlights, its text taken back from the source
+    itself (the same length: only '<' differs), so that a snippet shows what was written."""
+    text, ranges = highlighted(marked, source)
+    if source is None or not text:
+        return text, ranges
+    source = source.replace(MARK_START, "").replace(MARK_END, "")  # as `highlighted` left the text
+    at = as_read(source).find(text)
+    return (source[at : at + len(text)] if at >= 0 else text), ranges
+
+
+def owner_lexeme(owner: str) -> str:
+    """The owner's lexeme in every message's tsvector (the trigger's), as a tsquery."""
+    return f"'~{hashlib.sha256(owner.encode()).hexdigest()}'"
+
+
+class PostgresSearch:
+    """`search` for PostgresStore."""
+
+    _read: Callable[[Callable[[asyncpg.Connection], Awaitable[Any]]], Awaitable[Any]]  # PostgresStore's
+
+    async def search(self, owner: str, query: SearchQuery, limit: int) -> list[SearchHit]:
+        """The owner's conversations that hold every word of the query, best first (see pocketchat/search.py)."""
+        if not query.terms:
+            return []
+
+        async def work(db: asyncpg.Connection) -> list[SearchHit]:
+            async with db.transaction(isolation="repeatable_read", readonly=True):
+                return await _search(db, owner, tsquery(query), limit)
+
+        return await self._read(work)
+
+    async def search_messages(self, owner: str, terms: list[str], most: int, leave_out_turn: str) -> list[MessageHit]:
+        """The owner's newest messages holding every one of `terms`, leaving out those of the turn
+        `leave_out_turn` (the model's search tool)."""
+        if not terms:
+            return []
+        query = (
+            "SELECT m.conversation_id, c.title, m.role, m.content, m.created_at"
+            " FROM messages m JOIN conversations c ON c.id = m.conversation_id, to_tsquery('english', $1) q"
+            " WHERE numnode(q) > 0 AND m.words @@ (q && $2::tsquery) AND m.turn_id IS DISTINCT FROM $3"
+            " ORDER BY m.seq DESC LIMIT $4"
+        )
+        args = (tsquery(SearchQuery(tuple(terms))), owner_lexeme(owner), leave_out_turn, most)
+        rows = await self._read(lambda db: db.fetch(query, *args))
+        return [MessageHit(*row) for row in rows]
+
+
+async def _search(db: asyncpg.Connection, owner: str, words: str, limit: int) -> list[SearchHit]:
+    candidates = Candidates()
+    # The owner's lexeme narrows the match inside the GIN index: another user's messages are never read.
+    # The newest CANDIDATES of the matches are ranked.
+    found = await db.fetch(
+        "SELECT m.seq, m.conversation_id, ts_rank(m.words, q) FROM messages m, to_tsquery('english', $1) q"
+        " WHERE numnode(q) > 0 AND m.words @@ (q && $2::tsquery) ORDER BY m.seq DESC LIMIT $3",
+        words,
+        owner_lexeme(owner),
+        CANDIDATES,
+    )
+    candidates.messages = [(seq, conversation_id, score) for seq, conversation_id, score in found]
+    titles = await db.fetch(
+        "SELECT c.id, ts_rank(c.title_words, q) FROM conversations c, to_tsquery('english', $1) q"
+        " WHERE numnode(q) > 0 AND c.owner = $2 AND c.title_words @@ q ORDER BY c.updated_at DESC LIMIT $3",
+        words,
+        owner,
+        CANDIDATES,
+    )
+    candidates.titles = {conversation_id: score for conversation_id, score in titles}
+    ranked = candidates.best(limit)
+    rows = await db.fetch(
+        "SELECT m.seq, m.id, m.role, ts_headline('english', translate(m.content, '<', ' '), q, $3), m.content"
+        " FROM messages m, to_tsquery('english', $1) q WHERE m.seq = ANY($2::bigint[])",
+        words,
+        keys(ranked),
+        HEADLINE,
+    )
+    snippets = {seq: (message_id, role, *shown(marked, content)) for seq, message_id, role, marked, content in rows}
+    rows = await db.fetch(
+        "SELECT c.id, c.title, CASE WHEN c.title_words @@ q"
+        " THEN ts_headline('english', translate(c.title, '<', ' '), q, $4) END"
+        " FROM conversations c, to_tsquery('english', $1) q WHERE c.owner = $2 AND c.id = ANY($3::text[])",
+        words,
+        owner,
+        [conversation_id for conversation_id, _, _ in ranked],
+        TITLE_HEADLINE,
+    )
+    titled = {
+        conversation_id: (title, shown(marked, title)[1] if marked else []) for conversation_id, title, marked in rows
+    }
+    return assemble(ranked, snippets, titled)
