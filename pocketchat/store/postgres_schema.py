@@ -104,8 +104,7 @@ CREATE INDEX chunks_by_document ON chunks (document_id, seq);
 CREATE INDEX chunks_words ON chunks USING GIN (words);
 """,
     # Images attached to user messages (SQLite's step 6): deleted with their conversation, bytes and all;
-    # `message_id` NULL while one waits to go with the next message (no foreign key: an edit writes its
-    # message again under the same id).
+    # `message_id` NULL while one waits to go with the next message (no foreign key, as in SQLite).
     """
 CREATE TABLE images (
     id TEXT PRIMARY KEY,
@@ -126,6 +125,16 @@ CREATE INDEX images_by_owner ON images (owner);
     # Tools (SQLite's step 7): the tool sources a conversation turned off, as JSON text (a list of names).
     """
 ALTER TABLE conversations ADD COLUMN tools_off TEXT NOT NULL DEFAULT '[]';
+""",
+    # Versions (SQLite's step 8): each message names the one before it on its path (NULL for a
+    # conversation's first), a conversation the last message of the path it shows (NULL: the latest).
+    # A history from before is one path: each message's parent is the one before it.
+    """
+ALTER TABLE messages ADD COLUMN parent_id TEXT;
+ALTER TABLE conversations ADD COLUMN leaf_id TEXT;
+UPDATE messages SET parent_id = ordered.before
+    FROM (SELECT seq, lag(id) OVER (PARTITION BY conversation_id ORDER BY seq) AS before FROM messages) AS ordered
+    WHERE messages.seq = ordered.seq AND ordered.before IS NOT NULL;
 """,
 ]
 

@@ -101,8 +101,9 @@ CREATE TRIGGER chunks_text_delete AFTER DELETE ON chunks BEGIN
 END;
 """,
     # Images attached to user messages (deleted with their conversation), bytes and all. `message_id` is
-    # NULL while one waits to go with the next message. It names the message without a foreign key: an
-    # edit or a regenerate deletes the message and writes it again under the same id, images and all.
+    # NULL while one waits to go with the next message. It names the message without a foreign key (an
+    # edit once wrote its message again under the same id; since versions, an edit is a new message
+    # with copies of the images).
     """
 CREATE TABLE images (
     id TEXT PRIMARY KEY,
@@ -123,6 +124,18 @@ CREATE INDEX images_by_owner ON images(owner);
     # Tools: the tool sources a conversation turned off (JSON: a list of names; none before).
     """
 ALTER TABLE conversations ADD COLUMN tools_off TEXT NOT NULL DEFAULT '[]';
+""",
+    # Versions: messages form a tree, each naming the message before it on its path (NULL for a
+    # conversation's first), and a conversation remembers the last message of the path it shows (NULL:
+    # the latest message). A history from before is one path: each message's parent is the one before.
+    """
+ALTER TABLE messages ADD COLUMN parent_id TEXT;
+ALTER TABLE conversations ADD COLUMN leaf_id TEXT;
+UPDATE messages SET parent_id = (
+    SELECT before.id FROM messages AS before
+    WHERE before.conversation_id = messages.conversation_id AND before.seq < messages.seq
+    ORDER BY before.seq DESC LIMIT 1
+);
 """,
 ]
 
