@@ -35,7 +35,9 @@ def from_chatgpt(data: dict[str, Any], where: str) -> ConversationTree:
         if not isinstance(node, dict):
             raise BadFile(f"{here} must be an object.")
         parent = text(node.get("parent"), f"{here}: `parent`", optional=True, limit=200)
-        nodes.append(TreeMessage(id=str(text(key, f"{where}: a node's id", limit=200)), parent_id=parent, role="", content=""))
+        nodes.append(
+            TreeMessage(id=str(text(key, f"{where}: a node's id", limit=200)), parent_id=parent, role="", content="")
+        )
         message = _message(node.get("message"), here, created, dropped)
         if message is not None:
             kept[key] = message

@@ -67,7 +67,9 @@ def from_file(data: dict[str, Any], where: str) -> ConversationTree:
     tree = ConversationTree(
         title=text(conversation.get("title"), f"{where}: `title`", optional=True, limit=TITLE_CHARS),
         model=text(conversation.get("model"), f"{where}: `model`", optional=True, limit=TITLE_CHARS),
-        system_prompt=text(conversation.get("system_prompt"), f"{where}: `system_prompt`", optional=True, limit=PROMPT_CHARS),
+        system_prompt=text(
+            conversation.get("system_prompt"), f"{where}: `system_prompt`", optional=True, limit=PROMPT_CHARS
+        ),
         created_at=created or 0.0,
         updated_at=number(conversation.get("updated_at", created), f"{where}: `updated_at`") or 0.0,
         leaf_id=text(conversation.get("leaf_id"), f"{where}: `leaf_id`", optional=True, limit=ID_CHARS),

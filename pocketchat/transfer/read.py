@@ -49,8 +49,8 @@ def read_trees(data: Any) -> list[ConversationTree]:
             trees.append(from_chatgpt(item, where))
         else:
             raise BadFile(
-                f"{where} is neither PocketChat's format (an object with \"format\": \"pocketchat.conversation\")"
-                " nor ChatGPT's (an object with a \"mapping\")."
+                f'{where} is neither PocketChat\'s format (an object with "format": "pocketchat.conversation")'
+                ' nor ChatGPT\'s (an object with a "mapping").'
             )
     return trees
 

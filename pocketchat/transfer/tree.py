@@ -56,7 +56,8 @@ class ConversationTree:
         """The same tree under ids of its own: an import never writes over a stored conversation."""
         ids = {message.id: new_id() for message in self.messages}
         messages = [
-            replace(message, id=ids[message.id], parent_id=ids.get(message.parent_id or "")) for message in self.messages
+            replace(message, id=ids[message.id], parent_id=ids.get(message.parent_id or ""))
+            for message in self.messages
         ]
         return replace(self, id=new_id(), messages=messages, leaf_id=ids.get(self.leaf_id or ""))
 
