@@ -38,7 +38,7 @@ from pocketchat.settings import Settings
 from pocketchat.state import AppState
 from pocketchat.store import make_store
 from pocketchat.tools.mcp import McpConfigError, load_config
-from pocketchat.web import documents, images, login, search, sign_in
+from pocketchat.web import documents, images, login, search, sign_in, transfer
 from pocketchat.web.body_limit import BodyLimit
 from pocketchat.web.routes import invalid_request, router
 from pocketchat.web.socket import chat_socket
@@ -80,12 +80,18 @@ def create_app(settings: Settings) -> FastAPI:
     # body over its limit before anything reads it.
     app.add_middleware(sign_in.SignInMiddleware)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
-    app.add_middleware(BodyLimit, upload_bytes=settings.limit_document_bytes, image_bytes=settings.limit_image_bytes)
+    app.add_middleware(
+        BodyLimit,
+        upload_bytes=settings.limit_document_bytes,
+        image_bytes=settings.limit_image_bytes,
+        import_bytes=settings.limit_import_bytes,
+    )
     app.include_router(login.router)
     app.include_router(router)
     app.include_router(documents.router)
     app.include_router(images.router)
     app.include_router(search.router)
+    app.include_router(transfer.router)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_api_websocket_route("/ws", chat_socket)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")

@@ -219,6 +219,11 @@ class Settings(BaseSettings):
     limit_image_bytes_per_user: int = Field(
         1_000_000_000, ge=0, description="Bytes all of one user's images may take together (0: no limit)."
     )
+    limit_import_bytes: int = Field(
+        200_000_000,
+        gt=0,
+        description="Largest file that can be imported (ChatGPT's conversations.json, or ours), in bytes.",
+    )
     mcp_config: Path | None = Field(
         None,
         description="A JSON file of MCP servers whose tools the model may call, in the common format "

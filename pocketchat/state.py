@@ -18,6 +18,7 @@ from pocketchat.metrics import Metrics
 from pocketchat.settings import Settings
 from pocketchat.store import Store
 from pocketchat.tools.catalog import Catalog
+from pocketchat.transfer.imports import Imports
 from pocketchat.web.sign_in import SignIn
 from utils.llm_stream import ChatProvider
 
@@ -48,6 +49,8 @@ class AppState:
         self.coordinator.on_lag = self.metrics.log_lag.observe
         self.sign_in = SignIn(settings, store, self.limits)
         self.default_model = settings.model
+        # Imported conversations whose file names no model get the app's default.
+        self.imports = Imports(settings, store, lambda: self.default_model or "")
         self._resolving: asyncio.Task[None] | None = None
         self.draining = False  # SIGTERM: the running replies may finish before shutdown stops them
         self._sockets: dict[str, set[SignedInSocket]] = {}  # by session id
@@ -151,6 +154,7 @@ class AppState:
         for turn in self.hub.running_turns:
             turn.stop.set()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await self.imports.aclose()
         await self.documents.aclose()
         self.images.close()
         await self.tools.aclose()

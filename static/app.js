@@ -3,6 +3,7 @@
 import { Connection } from "./connection.js";
 import { Documents } from "./documents.js";
 import { ImageTray, isImage } from "./images.js";
+import { Importer } from "./import.js";
 import { copyCode } from "./markdown.js";
 import { initSearch } from "./search.js";
 import { ToolsPanel } from "./tools.js";
@@ -17,7 +18,7 @@ const $ = (id) => document.getElementById(id);
 const ui = {
   input: $("input"), send: $("send"), composer: $("composer"), title: $("title"),
   providerNote: $("provider-note"), promptSummary: $("system-prompt-summary"),
-  modelPicker: $("model-picker"), exportLink: $("export"),
+  modelPicker: $("model-picker"), exportLink: $("export"), exportJson: $("export-json"),
   banner: $("banner"), bannerText: $("banner-text"), announcer: $("announcer"),
   list: $("conversation-list"), sidebar: $("sidebar"), toggleSidebar: $("toggle-sidebar"),
   promptDialog: $("system-prompt-dialog"), promptInput: $("system-prompt-input"),
@@ -39,6 +40,7 @@ const transcript = new Transcript($("transcript"), $("scroller"), $("jump"));
 const documents = new Documents($("documents"), (text) => showNotice(text), signIn);
 const images = new ImageTray($("images"), $("images-note"), (text) => showNotice(text), signIn);
 const connection = new Connection(onFrame, helloFrame, showConnection, signIn);
+new Importer($("import"), $("import-picker"), $("import-status"), signIn, () => refreshSidebar());
 const tools = new ToolsPanel($("tools-button"), $("tools-dialog"), (off) => changeConversation({ tools_off: off }));
 
 /** Not signed in (no session, or it was revoked): the sign-in page. */
@@ -199,6 +201,7 @@ function showConversation(frame) {
   ui.promptSummary.textContent = frame.system_prompt ? `System prompt: ${frame.system_prompt}` : "No system prompt";
   document.title = frame.title ? `${frame.title} · PocketChat` : "PocketChat";
   ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.md`;
+  ui.exportJson.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.json`;
   fillModelPicker();
   showProvider();
   showImageSight();

@@ -497,7 +497,7 @@ def test_export_downloads_the_conversation_as_markdown(page: Page, fake: FakeOpe
     send(page, "export me")
     wait_done(page)
     with page.expect_download() as download:
-        page.get_by_role("link", name="Export").click()
+        page.get_by_role("link", name="Export", exact=True).click()
     text = Path(download.value.path()).read_text()
     assert "## You\n\nexport me" in text and "exported answer" in text
 

@@ -63,6 +63,7 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "limit_image_bytes": ("1000003", "1000004"),
     "limit_images_per_message": ("7", "8"),
     "limit_image_bytes_per_user": ("3000003", "3000004"),
+    "limit_import_bytes": ("4000003", "4000004"),
     "mcp_config": ("/tmp/one.json", "/tmp/two.json"),
     "max_tool_steps": ("3", "4"),
     "tool_timeout": ("5", "6"),

@@ -36,6 +36,7 @@ from pocketchat.store.postgres_connection import (
 )
 from pocketchat.store.postgres_schema import START_TIMEOUT, migrate
 from pocketchat.store.postgres_search import PostgresSearch
+from pocketchat.store.postgres_transfer import PostgresTransfer
 from pocketchat.store.queued import QueuedStore, Row
 
 logger = logging.getLogger(__name__)
@@ -86,7 +87,7 @@ async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecor
     )
 
 
-class PostgresStore(PostgresAttachments, PostgresSearch, QueuedStore[WriteConnection]):
+class PostgresStore(PostgresAttachments, PostgresSearch, PostgresTransfer, QueuedStore[WriteConnection]):
     """The store in PostgreSQL: shared by every replica that names the same database."""
 
     def __init__(self, url: str) -> None:

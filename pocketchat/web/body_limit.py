@@ -5,7 +5,7 @@ sign-out, a delete) is not run for a request that carries a huge one.
 
 A declared Content-Length over the limit is refused before a byte of the body is read; a chunked
 body is counted as it arrives. A body within its limit is read whole here, then handed to the route:
-the limits are a few KiB. The two routes that take uploads (a conversation's documents, its images)
+the limits are a few KiB. The routes that take uploads (a conversation's documents, its images, an import)
 have their own, larger limits, and their bodies are not read here: they stream through to the route,
 which spools them to a temporary file as they come (python-multipart), and are refused with 413 as soon
 as they pass the limit.
@@ -23,7 +23,7 @@ FORM_BYTES = 4 * 1024  # POST /login: one token field; and every route that read
 # \uXXXX is 120,000 bytes, plus a title and a model.
 JSON_BYTES = 128 * 1024
 MULTIPART_BYTES = 64 * 1024  # an upload's multipart framing and headers, beyond the file itself
-UPLOAD_PATH = re.compile(r"/api/conversations/[^/]+/(documents|images)")
+UPLOAD_PATH = re.compile(r"/api/conversations/[^/]+/(documents|images)|/api/(imports)")
 
 
 def body_limit(method: str, path: str) -> int:
@@ -34,19 +34,29 @@ def body_limit(method: str, path: str) -> int:
 
 
 def upload_of(method: str, path: str) -> str | None:
-    """What a request uploads ("documents", "images"), if it is an upload."""
+    """What a request uploads ("documents", "images", "imports"), if it is an upload."""
     found = UPLOAD_PATH.fullmatch(path) if method == "POST" else None
-    return found[1] if found else None
+    return (found[1] or found[2]) if found else None
 
 
 class BodyLimit:
     """ASGI middleware: reads a request's body, up to its route's limit, before anything else does;
     refuses it with 413 once it passes the limit."""
 
-    def __init__(self, app: ASGIApp, upload_bytes: int = 20_000_000, image_bytes: int = 10_000_000) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        upload_bytes: int = 20_000_000,
+        image_bytes: int = 10_000_000,
+        import_bytes: int = 200_000_000,
+    ) -> None:
         self.app = app
         # The largest file of each kind, and its framing.
-        self.upload_limits = {"documents": upload_bytes + MULTIPART_BYTES, "images": image_bytes + MULTIPART_BYTES}
+        self.upload_limits = {
+            "documents": upload_bytes + MULTIPART_BYTES,
+            "images": image_bytes + MULTIPART_BYTES,
+            "imports": import_bytes + MULTIPART_BYTES,
+        }
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = Headers(scope=scope) if scope["type"] == "http" else Headers()

@@ -1,0 +1,110 @@
+"""Import benchmark: 1,000 ChatGPT conversations imported into the app, and what it costs another user.
+
+The file is ChatGPT-shaped (tests/files/chatgpt_conversations.json's first conversation a thousand
+times: seven messages kept of each, two branches, a tool call, hidden and system nodes dropped). Bob
+chats with the fake provider (a reply of 20 chunks, the first at once) turn after turn: first alone,
+then while Alice's import runs. It reports the import's time (checked whole in the child, then
+written in the background) and Bob's first-chunk time, medians and p90, with and without it.
+
+    .venv/bin/python -m bench.import_conversations [--repeat 3] [--database-url postgresql://...]
+"""
+
+import argparse
+import json
+import statistics
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from tests.conftest import NO_LIMITS, AppProcess, ChatClient
+from tests.fake_openai import FakeOpenAIThread, Reply
+from tests.test_documents import call, multipart
+
+ROOT = Path(__file__).resolve().parent.parent
+FILE = ROOT / "tests" / "files" / "chatgpt_conversations.json"
+ALICE, BOB = {"X-Forwarded-User": "alice"}, {"X-Forwarded-User": "bob"}
+
+
+def conversations(count: int) -> bytes:
+    lisbon = json.loads(FILE.read_text())[0]
+    return json.dumps([lisbon | {"title": f"Trip {number}"} for number in range(count)]).encode()
+
+
+def first_chunk(bob: ChatClient) -> float:
+    """One turn of Bob's; seconds from sending to its first chunk."""
+    started = time.perf_counter()
+    bob.send("message", content="Hello")
+    first = None
+    while True:
+        frame = bob.recv(30)
+        if frame["type"] == "chunk" and first is None:
+            first = time.perf_counter() - started
+        if frame["type"] == "turn_end":
+            assert frame["status"] == "complete", frame
+            return first if first is not None else float("nan")
+
+
+def p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(int(0.9 * len(ordered)), len(ordered) - 1)]
+
+
+def run(args: argparse.Namespace) -> None:
+    data = conversations(args.count)
+    with FakeOpenAIThread(Reply(count=20)) as fake, tempfile.TemporaryDirectory() as tmp:
+        flags = ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--auth", "header", *NO_LIMITS]
+        if args.database_url:
+            flags += ["--database-url", args.database_url]
+        app = AppProcess(Path(tmp), flags, {"POCKETCHAT_API_KEY": "bench"}).start()
+        try:
+            bob = app.client(**BOB)
+            bob.hello()
+            for _ in range(5):
+                first_chunk(bob)  # warm
+            alone = [first_chunk(bob) for _ in range(args.turns)]
+            during: list[float] = []
+            checks, imports = [], []
+            for _ in range(args.repeat):
+                done = threading.Event()
+
+                def chat(done: threading.Event = done) -> None:
+                    while not done.is_set():
+                        during.append(first_chunk(bob))
+
+                chatter = threading.Thread(target=chat)
+                chatter.start()
+                body, content_type = multipart("conversations.json", data, "application/json")
+                started = time.perf_counter()
+                status, job = call(app, "POST", "/api/imports", body, **{"Content-Type": content_type, **ALICE})
+                assert status == 202, job
+                checks.append(time.perf_counter() - started)
+                while job["status"] == "importing":
+                    time.sleep(0.02)
+                    job = call(app, "GET", f"/api/imports/{job['id']}", **ALICE)[1]
+                imports.append(time.perf_counter() - started)
+                done.set()
+                chatter.join()
+                assert job["status"] == "done" and job["imported"] == args.count, job
+        finally:
+            app.kill()
+    where = "PostgreSQL" if args.database_url else "SQLite"
+    print(f"{args.count} ChatGPT conversations ({len(data) / 1e6:.1f} MB), {where}, {args.repeat} imports:")
+    print(f"  checked (POST answered): median {statistics.median(checks):.2f} s")
+    print(f"  imported (all written):  median {statistics.median(imports):.2f} s")
+    print("  Bob's first chunk        median     p90   turns")
+    for name, values in (("alone", alone), ("during the import", during)):
+        print(f"  {name:<24} {statistics.median(values) * 1000:6.1f} ms {p90(values) * 1000:6.1f} ms {len(values):5d}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--count", type=int, default=1000)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--turns", type=int, default=30, help="Bob's turns alone")
+    parser.add_argument("--database-url", help="a PostgreSQL database to import into (default: a SQLite file)")
+    run(parser.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""The statements of an import and a JSON export in PostgreSQL: a part of `PostgresStore`, on its write
+queue and its reads."""
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import asyncpg
+
+from pocketchat.store.transfer import (
+    CONVERSATION_COLUMNS,
+    MESSAGE_COLUMNS,
+    conversation_rows,
+    message_rows,
+    tree_from_rows,
+)
+from pocketchat.transfer.tree import ConversationTree
+
+
+def _insert(table: str, columns: tuple[str, ...]) -> str:
+    marks = ", ".join(f"${number}" for number in range(1, len(columns) + 1))
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
+
+
+INSERT_CONVERSATION = _insert("conversations", CONVERSATION_COLUMNS)
+INSERT_MESSAGE = _insert("messages", MESSAGE_COLUMNS)
+
+
+class PostgresTransfer:
+    """Conversations written whole for an import, deleted again if it fails, and read whole for an export."""
+
+    # PostgresStore's: queue a write (work, conversation id, retry) and run a read.
+    _write: Callable[..., asyncio.Future[Any]]
+    _read: Callable[[Callable[[asyncpg.Connection], Awaitable[Any]]], Awaitable[Any]]
+
+    def import_conversations(self, owner: str, trees: list[ConversationTree]) -> asyncio.Future[None]:
+        """Write these conversations (new ids: never over a stored one) as the owner's, in one transaction."""
+        conversations, messages = conversation_rows(owner, trees), message_rows(trees)
+
+        async def work(db: asyncpg.Connection) -> None:
+            await db.executemany(INSERT_CONVERSATION, conversations)
+            await db.executemany(INSERT_MESSAGE, messages)
+
+        # Not kept to write again: the import is told it failed, and deletes what it wrote.
+        return self._write(work, None, retry=False)
+
+    def delete_imported(self, conversation_ids: list[str]) -> asyncio.Future[None]:
+        """Delete the conversations an import wrote (written again until the database takes it)."""
+        ids = list(conversation_ids)
+        return self._write(lambda db: db.execute("DELETE FROM conversations WHERE id = ANY($1::text[])", ids), None)
+
+    async def conversation_tree(self, conversation_id: str, owner: str) -> ConversationTree | None:
+        """The owner's conversation with every message of every branch, in the order they were written."""
+
+        async def work(db: asyncpg.Connection) -> ConversationTree | None:
+            async with db.transaction(isolation="repeatable_read", readonly=True):
+                query = "SELECT * FROM conversations WHERE id = $1 AND owner = $2"
+                if (row := await db.fetchrow(query, conversation_id, owner)) is None:
+                    return None
+                query = "SELECT * FROM messages WHERE conversation_id = $1 ORDER BY seq"
+                return tree_from_rows(row, await db.fetch(query, conversation_id))
+
+        return await self._read(work)

@@ -1,0 +1,60 @@
+"""The statements of an import and a JSON export in SQLite: a part of `SqliteStore`, on its write queue
+and its reads."""
+
+import asyncio
+import sqlite3
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from pocketchat.store.transfer import (
+    CONVERSATION_COLUMNS,
+    MESSAGE_COLUMNS,
+    conversation_rows,
+    message_rows,
+    tree_from_rows,
+)
+from pocketchat.transfer.tree import ConversationTree
+
+
+def _insert(table: str, columns: tuple[str, ...]) -> str:
+    return f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({', '.join('?' * len(columns))})"
+
+
+INSERT_CONVERSATION = _insert("conversations", CONVERSATION_COLUMNS)
+INSERT_MESSAGE = _insert("messages", MESSAGE_COLUMNS)
+
+
+class SqliteTransfer:
+    """Conversations written whole for an import, deleted again if it fails, and read whole for an export."""
+
+    # SqliteStore's: queue a write (work, conversation id, retry) and run a read.
+    _write: Callable[..., asyncio.Future[Any]]
+    _read: Callable[[Callable[[sqlite3.Connection], Any]], Awaitable[Any]]
+
+    def import_conversations(self, owner: str, trees: list[ConversationTree]) -> asyncio.Future[None]:
+        """Write these conversations (new ids: never over a stored one) as the owner's, in one transaction."""
+        conversations, messages = conversation_rows(owner, trees), message_rows(trees)
+
+        def work(db: sqlite3.Connection) -> None:
+            db.executemany(INSERT_CONVERSATION, conversations)
+            db.executemany(INSERT_MESSAGE, messages)
+
+        # Not kept to write again: the import is told it failed, and deletes what it wrote.
+        return self._write(work, None, retry=False)
+
+    def delete_imported(self, conversation_ids: list[str]) -> asyncio.Future[None]:
+        """Delete the conversations an import wrote (written again until the database takes it)."""
+        rows = [(conversation_id,) for conversation_id in conversation_ids]
+        return self._write(lambda db: db.executemany("DELETE FROM conversations WHERE id = ?", rows), None)
+
+    async def conversation_tree(self, conversation_id: str, owner: str) -> ConversationTree | None:
+        """The owner's conversation with every message of every branch, in the order they were written."""
+
+        def work(db: sqlite3.Connection) -> ConversationTree | None:
+            query = "SELECT * FROM conversations WHERE id = ? AND owner = ?"
+            if (row := db.execute(query, (conversation_id, owner)).fetchone()) is None:
+                return None
+            messages = db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq", (conversation_id,))
+            return tree_from_rows(row, messages.fetchall())
+
+        return await self._read(work)

@@ -1,0 +1,62 @@
+"""What both stores write for an import and read for a JSON export: a conversation's whole tree, as rows.
+
+The columns `messages.parent_id` and `conversations.leaf_id` hold the tree (the schema's versions step);
+an import writes them as the file gives them, under new ids. The statements are in each store's SQL:
+`sqlite_transfer.py`, `postgres_transfer.py`.
+"""
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pocketchat.transfer.tree import ConversationTree, TreeMessage
+
+CONVERSATION_COLUMNS = (
+    "id", "owner", "title", "model", "system_prompt", "created_at", "updated_at", "tools_off", "leaf_id",
+)  # fmt: skip
+MESSAGE_COLUMNS = (
+    "id", "conversation_id", "parent_id", "role", "content", "reasoning", "status", "error", "meta", "created_at",
+)  # fmt: skip
+
+
+def conversation_rows(owner: str, trees: list[ConversationTree]) -> list[tuple[Any, ...]]:
+    return [
+        (t.id, owner, t.title, t.model, t.system_prompt, t.created_at, t.updated_at, json.dumps(t.tools_off), t.leaf_id)
+        for t in trees
+    ]
+
+
+def message_rows(trees: list[ConversationTree]) -> list[tuple[Any, ...]]:
+    """Every message of the trees, parents before their children (the order `seq` keeps)."""
+    return [
+        (m.id, t.id, m.parent_id, m.role, m.content, m.reasoning, m.status, m.error, json.dumps(m.meta), m.created_at)
+        for t in trees
+        for m in t.messages
+    ]
+
+
+def tree_from_rows(conversation: Mapping[str, Any], messages: list[Mapping[str, Any]]) -> ConversationTree:
+    return ConversationTree(
+        id=conversation["id"],
+        title=conversation["title"],
+        model=conversation["model"],
+        system_prompt=conversation["system_prompt"],
+        created_at=conversation["created_at"],
+        updated_at=conversation["updated_at"],
+        leaf_id=conversation["leaf_id"],
+        tools_off=json.loads(conversation["tools_off"]),
+        messages=[
+            TreeMessage(
+                id=row["id"],
+                parent_id=row["parent_id"],
+                role=row["role"],
+                content=row["content"],
+                reasoning=row["reasoning"],
+                status=row["status"],
+                error=row["error"],
+                meta=json.loads(row["meta"]),
+                created_at=row["created_at"],
+            )
+            for row in messages
+        ],
+    )

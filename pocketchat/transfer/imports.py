@@ -1,0 +1,191 @@
+"""Imports: a file checked whole in a child process, then its conversations written in the background,
+a batch at a time, through the store's one write queue, all or nothing.
+
+The child (`read.py`) parses and checks the file away from the event loop and this process's memory; a
+bad file is refused before anything is written. The conversations then go in batches, each batch one
+write job (one transaction: a conversation is never half written), each under new ids and the
+importer's name; between batches the writer serves everyone else's writes, so chats go on as usual.
+If a batch fails, the conversations this import wrote are deleted again.
+"""
+
+import asyncio
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, BinaryIO, Literal
+
+from pocketchat.records import new_id
+from pocketchat.settings import Settings
+from pocketchat.store import Store
+from pocketchat.transfer.native import from_file
+from pocketchat.transfer.tree import BadFile, ConversationTree
+
+logger = logging.getLogger(__name__)
+
+BATCH_MESSAGES = 1_000  # messages written in one job at most (a conversation is never split)
+BATCH_CONVERSATIONS = 50
+KEEP_SECONDS = 3600  # how long a finished import's status can be asked for
+READ_TIMEOUT = 300.0  # seconds the child may take to read a file
+
+Status = Literal["importing", "done", "failed"]
+
+
+@dataclass
+class ImportJob:
+    owner: str
+    total: int  # conversations in the file
+    dropped: dict[str, int]  # what the file held that was left out, by kind
+    id: str = field(default_factory=new_id)
+    status: Status = "importing"
+    imported: int = 0
+    error: str | None = None
+    written: list[str] = field(default_factory=list)  # ids of the conversations written so far
+    ended_at: float | None = None
+
+    def to_wire(self) -> dict[str, Any]:
+        wire = {"id": self.id, "status": self.status, "total": self.total, "imported": self.imported}
+        wire["dropped"] = self.dropped
+        return wire | ({"error": self.error} if self.error else {})
+
+
+class ImportRunning(Exception):
+    """The user has an import under way already."""
+
+
+class Imports:
+    """The imports of this process, by id; each user runs one at a time."""
+
+    def __init__(self, settings: Settings, store: Store, default_model: Callable[[], str]) -> None:
+        self.settings = settings
+        self.store = store
+        self.default_model = default_model  # for conversations whose file names none
+        self._jobs: dict[str, ImportJob] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._reading: set[str] = set()  # owners whose file is being checked
+
+    def job(self, import_id: str, owner: str) -> ImportJob | None:
+        """The import by that id, if it is this owner's."""
+        job = self._jobs.get(import_id)
+        return job if job is not None and job.owner == owner else None
+
+    async def start(self, owner: str, upload: BinaryIO) -> ImportJob:
+        """Check the uploaded file whole (BadFile if it cannot be imported: nothing is written), then
+        write its conversations in the background; the job says how far it got."""
+        self._forget_old()
+        if owner in self._reading or any(
+            job.owner == owner and job.status == "importing" for job in self._jobs.values()
+        ):
+            raise ImportRunning("An import of yours is under way already; wait for it to end.")
+        self._reading.add(owner)
+        try:
+            folder = await asyncio.to_thread(tempfile.mkdtemp, prefix="pocketchat-import-")
+            source, lines = os.path.join(folder, "upload.json"), os.path.join(folder, "conversations.jsonl")
+            try:
+                await asyncio.to_thread(_copy, upload, source)
+                verdict = await self._read(source, lines)
+            except BaseException:
+                await asyncio.to_thread(shutil.rmtree, folder, True)
+                raise
+        finally:
+            self._reading.discard(owner)
+        job = ImportJob(owner, verdict["conversations"], verdict["dropped"])
+        self._jobs[job.id] = job
+        task = asyncio.create_task(self._write(job, lines, folder), name=f"import {job.id[:6]}")
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return job
+
+    async def _read(self, source: str, lines: str) -> dict[str, Any]:
+        """Run the child that reads the file; its verdict, or BadFile with its reason."""
+        child = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "pocketchat.transfer.read", source, lines,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        try:
+            out, err = await asyncio.wait_for(child.communicate(), READ_TIMEOUT)
+        except BaseException:
+            child.kill()
+            await child.wait()
+            raise
+        verdict = json.loads(out) if child.returncode in (0, 1) and out else None
+        if verdict is None:
+            logger.error(
+                "the import reader failed (exit %s): %s", child.returncode, err.decode(errors="replace")[-2000:]
+            )
+            raise BadFile("The file could not be read (the server's log says why).", status=500)
+        if "error" in verdict:
+            raise BadFile(verdict["error"])
+        return verdict
+
+    async def _write(self, job: ImportJob, lines: str, folder: str) -> None:
+        started = time.monotonic()
+        try:
+            with open(lines, encoding="utf-8") as file:
+                while batch := await asyncio.to_thread(_next_batch, file):
+                    for tree in batch:
+                        tree.model = tree.model or self.default_model()
+                        tree.system_prompt = (
+                            self.settings.system_prompt if tree.system_prompt is None else tree.system_prompt
+                        )
+                    # Counted as written before it lands: a batch in flight when the import fails is undone too.
+                    job.written += [tree.id for tree in batch]
+                    await self.store.import_conversations(job.owner, batch)
+                    job.imported += len(batch)
+                    await asyncio.sleep(0)  # the next batch is queued behind whatever came meanwhile
+        except BaseException as error:  # a shutdown (cancelled) too: none of it stays
+            logger.error("import %s failed after %d conversations: %r", job.id[:6], job.imported, error)
+            await self._undo(job)  # before it says failed: then none of it is left
+            job.status, job.error = "failed", "The import failed and nothing of it was kept; try again."
+            if not isinstance(error, Exception):
+                raise
+        else:
+            job.status = "done"
+            logger.info("import %s: %d conversations in %.1f s", job.id[:6], job.imported, time.monotonic() - started)
+        finally:
+            job.ended_at = time.monotonic()
+            await asyncio.to_thread(shutil.rmtree, folder, True)
+
+    async def _undo(self, job: ImportJob) -> None:
+        """Delete what the import wrote: none of it stays."""
+        try:
+            await self.store.delete_imported(job.written)
+        except Exception:
+            logger.exception("import %s: could not delete the %d conversations it wrote", job.id[:6], len(job.written))
+        else:
+            job.imported = 0
+            job.written = []
+
+    def _forget_old(self) -> None:
+        now = time.monotonic()
+        for job_id, job in list(self._jobs.items()):
+            if job.ended_at is not None and now - job.ended_at > KEEP_SECONDS:
+                del self._jobs[job_id]
+
+    async def aclose(self) -> None:
+        """Stop the imports under way; each deletes what it wrote."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _copy(upload: BinaryIO, path: str) -> None:
+    upload.seek(0)
+    with open(path, "wb") as file:
+        shutil.copyfileobj(upload, file, 1 << 20)
+
+
+def _next_batch(file: Any) -> list[ConversationTree]:
+    """The next conversations of the reader's lines (checked already), under new ids."""
+    batch: list[ConversationTree] = []
+    messages = 0
+    while len(batch) < BATCH_CONVERSATIONS and messages < BATCH_MESSAGES and (line := file.readline()):
+        tree = from_file(json.loads(line), "A conversation").with_new_ids()
+        batch.append(tree)
+        messages += len(tree.messages)
+    return batch

@@ -1,0 +1,201 @@
+"""Import and JSON export over real HTTP, the app under uvicorn, in one process on SQLite and in a replica
+on PostgreSQL and Redis: a conversation's whole tree round-trips; ChatGPT's branches become ours with
+the chosen path; a thousand conversations go in the background while another user's reply streams; a
+bad file is refused with nothing stored; an import is its importer's, under new ids."""
+
+import copy
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import AppProcess
+from tests.fake_openai import Reply
+from tests.test_documents import call, multipart, rows
+
+pytestmark = pytest.mark.parametrize("mode", ["single", "replicas"], indirect=True)
+
+CHATGPT = Path(__file__).parent / "files" / "chatgpt_conversations.json"
+ALICE, BOB = {"X-Forwarded-User": "alice"}, {"X-Forwarded-User": "bob"}
+
+
+def post_import(app: AppProcess, data: bytes, name: str = "conversations.json", **headers: str) -> tuple[int, Any]:
+    body, content_type = multipart(name, data, "application/json")
+    return call(app, "POST", "/api/imports", body, **{"Content-Type": content_type, **headers})
+
+
+def imported(app: AppProcess, data: bytes, **headers: str) -> dict[str, Any]:
+    """Import `data` and wait for the end; the import's last status."""
+    status, job = post_import(app, data, **headers)
+    assert status == 202, job
+    deadline = time.monotonic() + 120
+    while job["status"] == "importing" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        job = call(app, "GET", f"/api/imports/{job['id']}", **headers)[1]
+    assert job["status"] == "done", job
+    return job
+
+
+def exported(app: AppProcess, conversation_id: str, **headers: str) -> dict[str, Any]:
+    status, data = call(app, "GET", f"/api/conversations/{conversation_id}/export.json", **headers)
+    assert status == 200, data
+    return data
+
+
+def listed(app: AppProcess, **headers: str) -> dict[str, str]:
+    """The user's conversations: title by id."""
+    return {c["id"]: c["title"] for c in call(app, "GET", "/api/conversations", **headers)[1]["conversations"]}
+
+
+def shape(data: dict[str, Any]) -> dict[str, Any]:
+    """An export without its ids: each parent and the chosen message named by position instead."""
+    position = {message["id"]: number for number, message in enumerate(data["messages"])}
+    conversation = {k: v for k, v in data["conversation"].items() if k != "id"}
+    conversation["leaf_id"] = position.get(conversation["leaf_id"])
+    messages = [m | {"id": None, "parent_id": position.get(m["parent_id"])} for m in data["messages"]]
+    return {**data, "conversation": conversation, "messages": messages}
+
+
+def chosen_path(data: dict[str, Any]) -> list[str]:
+    by_id = {message["id"]: message for message in data["messages"]}
+    path, at = [], data["conversation"]["leaf_id"]
+    while at is not None:
+        path.append(by_id[at]["content"])
+        at = by_id[at]["parent_id"]
+    return path[::-1]
+
+
+def stored_counts(request: pytest.FixtureRequest, mode: str, app: AppProcess) -> tuple[int, int]:
+    query = "SELECT (SELECT count(*) FROM conversations), (SELECT count(*) FROM messages)"
+    return tuple(rows(request, mode, app, query)[0])  # type: ignore[return-value]
+
+
+def test_chatgpt_branches_become_our_tree_with_its_chosen_path(start_app):
+    app = start_app("--model", "our-model")
+    job = imported(app, CHATGPT.read_bytes())
+    assert job["total"] == job["imported"] == 2
+    assert job["dropped"]["tool calls"] == 1 and job["dropped"]["system messages"] == 2
+    conversations = {title: exported(app, id) for id, title in listed(app).items()}
+    lisbon, arithmetic = conversations["Weekend in Lisbon"], conversations["Arithmetic"]
+    assert chosen_path(lisbon) == [
+        "Plan a weekend in Lisbon",
+        "Here is a two-day plan: 😀 Alfama, then Sintra.",
+        "What is this place?",
+        "Let me look that up.\n\nThat is the Belém Tower.",
+    ]
+    assert len(lisbon["messages"]) == 7  # the other version of the first reply and its continuation too
+    assert chosen_path(arithmetic) == ["What is 2+2?", "4"]  # the older of two first messages
+    assert len([m for m in arithmetic["messages"] if m["parent_id"] is None]) == 2
+    assert lisbon["conversation"]["model"] == "our-model"  # this app's; each reply keeps ChatGPT's in meta
+    assert lisbon["conversation"]["created_at"] == 1718000000.0
+
+
+def test_the_json_export_round_trips_exactly_through_an_import(start_app, fake):
+    app = start_app()
+    imported(app, CHATGPT.read_bytes())
+    client = app.client()
+    chatted = client.hello()["conversation_id"]
+    fake.queue(Reply(tokens=["All ", "well."], reasoning=["thinking"]))
+    client.turn("How are you?")
+    for conversation_id in [chatted, *listed(app)]:
+        first = exported(app, conversation_id)
+        before = set(listed(app))
+        imported(app, json.dumps(first).encode())
+        (copy_id,) = set(listed(app)) - before
+        again = exported(app, copy_id)
+        assert copy_id != conversation_id and again["conversation"]["id"] == copy_id
+        assert {m["id"] for m in again["messages"]}.isdisjoint(m["id"] for m in first["messages"])
+        assert shape(again) == shape(first)
+    turn = exported(app, chatted)["messages"]
+    assert turn[1]["reasoning"] == "thinking" and turn[1]["meta"]["usage"]
+
+
+def test_a_thousand_conversations_import_in_the_background_while_another_user_chats(start_app, fake):
+    app = start_app("--auth", "header")
+    lisbon = json.loads(CHATGPT.read_text())[0]
+    many = [copy.deepcopy(lisbon) | {"title": f"Trip {number}"} for number in range(1000)]
+    bob = app.client(**BOB)
+    bob.hello()
+    fake.queue(Reply(tokens=["Hello ", "Bob."]))
+    seen: list[dict[str, Any]] = []
+
+    def follow(job: dict[str, Any]) -> None:
+        while job["status"] == "importing":
+            seen.append(job)
+            job = call(app, "GET", f"/api/imports/{job['id']}", **ALICE)[1]
+        seen.append(job)
+
+    status, job = post_import(app, json.dumps(many).encode(), **ALICE)
+    assert status == 202 and job["total"] == 1000
+    watcher = threading.Thread(target=follow, args=(job,))
+    watcher.start()
+    started = time.monotonic()
+    frames = bob.turn("Hi")  # while the import writes
+    took = time.monotonic() - started
+    watcher.join(120)
+    assert [f["content"] for f in frames if f["type"] == "chunk"] == ["Hello ", "Bob."]
+    assert frames[-1]["status"] == "complete" and took < 10  # generous: bench/import.py measures it
+    assert seen[-1]["status"] == "done" and seen[-1]["imported"] == 1000
+    progress = [job["imported"] for job in seen]
+    assert progress == sorted(progress) and any(0 < done < 1000 for done in progress)
+    assert len(listed(app, **ALICE)) == 1000
+    assert set(listed(app, **BOB).values()) == {"Hi"}
+
+
+BAD_FILES = {
+    "not json": b"{'title': 'no'}",
+    "not utf-8": b"\xff\xfe[]",
+    "wrong shape": b'{"conversations": []}',
+    "empty list": b"[]",
+    "wrong types": json.dumps([{"mapping": {"a": {"message": None, "parent": None}}, "create_time": "noon"}]).encode(),
+    "unknown parent": json.dumps(
+        {
+            "format": "pocketchat.conversation",
+            "version": 1,
+            "conversation": {"title": "x", "created_at": 1, "updated_at": 1, "leaf_id": None},
+            "messages": [{"id": "a", "parent_id": "ghost", "role": "user", "content": "hi", "created_at": 1}],
+        }
+    ).encode(),
+    "cycle": CHATGPT.read_text().replace('"parent": null', '"parent": "a3"', 1).encode(),
+    "lone surrogate": CHATGPT.read_text().replace("What is 2+2?", "What is \\ud83d?").encode(),
+}
+
+
+def test_a_bad_file_is_refused_with_why_and_nothing_is_stored(request, mode, start_app):
+    app = start_app("--limit-import-bytes", "30000")
+    good = json.loads(CHATGPT.read_text())
+    before = stored_counts(request, mode, app)
+    for name, data in BAD_FILES.items():
+        if name in ("cycle", "lone surrogate", "unknown parent"):  # after good conversations
+            bad = json.loads(data)
+            data = json.dumps([*good, *(bad if isinstance(bad, list) else [bad])]).encode()
+        status, answer = post_import(app, data)
+        assert status == 422, (name, answer)
+        assert isinstance(answer["detail"], str) and len(answer["detail"]) < 400, name
+    for copies in (6, 30):  # over the limit; with its framing too (refused as it comes in)
+        assert post_import(app, json.dumps(good * copies).encode())[0] == 413, copies
+    assert stored_counts(request, mode, app) == before
+    assert post_import(app, CHATGPT.read_bytes())[0] == 202  # a good file still goes in
+
+
+def test_an_import_is_its_importers_and_never_touches_a_conversation_it_names(start_app, fake):
+    app = start_app("--auth", "header")
+    bob = app.client(**BOB)
+    bobs = bob.hello()["conversation_id"]
+    bob.turn("Bob's secret plan")
+    bobs_export = exported(app, bobs, **BOB)
+    assert call(app, "GET", f"/api/conversations/{bobs}/export.json", **ALICE)[0] == 404
+    # Alice imports a file that names Bob's conversation and messages by their ids.
+    forged = copy.deepcopy(bobs_export)
+    forged["conversation"]["title"] = "Alice's now"
+    forged["messages"][0]["content"] = "overwritten?"
+    job = imported(app, json.dumps(forged).encode(), **ALICE)
+    assert call(app, "GET", f"/api/imports/{job['id']}", **BOB)[0] == 404
+    (alices,) = listed(app, **ALICE)
+    assert alices != bobs and listed(app, **ALICE)[alices] == "Alice's now"
+    assert exported(app, bobs, **BOB) == bobs_export
+    assert list(listed(app, **BOB)) == [bobs]
+    assert call(app, "GET", f"/api/conversations/{alices}", **BOB)[0] == 404

@@ -1,0 +1,109 @@
+"""An import against both stores on real databases: trees written whole and read back; an import whose
+write fails part-way leaves nothing of itself, and a process stopping mid-import does the same."""
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from pocketchat.settings import Settings
+from pocketchat.store import Store
+from pocketchat.transfer import imports as imports_module
+from pocketchat.transfer.imports import Imports
+from pocketchat.transfer.native import to_file
+from pocketchat.transfer.read import parse, read_trees
+from tests.test_store import opened
+from tests.test_store import store as store  # the fixture: both stores
+
+CHATGPT = Path(__file__).parent / "files" / "chatgpt_conversations.json"
+
+
+def many(count: int) -> bytes:
+    lisbon = json.loads(CHATGPT.read_text())[0]
+    return json.dumps([lisbon | {"title": f"Trip {number}"} for number in range(count)]).encode()
+
+
+async def run_import(db: Store, data: bytes, tmp_path: Path) -> Any:
+    upload = tmp_path / "upload.json"
+    upload.write_bytes(data)
+    imports = Imports(Settings(_cli_parse_args=[]), db, lambda: "default-model")  # type: ignore[call-arg]
+    with upload.open("rb") as file:
+        job = await imports.start("alice", file)
+    while job.status == "importing":
+        await asyncio.sleep(0.01)
+    return job
+
+
+def test_trees_are_written_whole_under_their_owner_and_read_back(store):
+    trees = [tree.with_new_ids() for tree in read_trees(parse(CHATGPT.read_bytes()))]
+    for tree in trees:
+        tree.model, tree.system_prompt = "m", ""
+
+    async def scenario() -> Any:
+        async with opened(store) as db:
+            await db.import_conversations("alice", trees)
+            back = [await db.conversation_tree(tree.id, "alice") for tree in trees]
+            return back, await db.conversation_tree(trees[0].id, "bob"), await db.list_conversations("bob")
+
+    back, bobs, bobs_list = asyncio.run(scenario())
+    assert [to_file(tree) for tree in back] == [to_file(tree) for tree in trees]
+    assert bobs is None and bobs_list == []
+
+
+def test_an_import_whose_write_fails_part_way_keeps_nothing(store, tmp_path, monkeypatch):
+    monkeypatch.setattr(imports_module, "BATCH_CONVERSATIONS", 10)
+
+    async def scenario() -> Any:
+        async with opened(store) as db:
+            write = db.import_conversations
+            batches = 0
+
+            def failing(owner: str, trees: list[Any]) -> Any:
+                nonlocal batches
+                batches += 1
+                if batches == 3:
+                    trees[-1].messages.append(trees[-1].messages[0])  # a duplicate id: the database refuses
+                return write(owner, trees)
+
+            db.import_conversations = failing  # type: ignore[method-assign]
+            job = await run_import(db, many(40), tmp_path)
+            return job, batches, await db.list_conversations("alice")
+
+    job, batches, left = asyncio.run(scenario())
+    assert job.status == "failed" and "nothing of it was kept" in (job.error or "")
+    assert batches == 3 and job.imported == 0
+    assert left == []
+
+
+def test_a_process_that_stops_mid_import_keeps_nothing_of_it(store, tmp_path, monkeypatch):
+    monkeypatch.setattr(imports_module, "BATCH_CONVERSATIONS", 5)
+
+    async def scenario() -> Any:
+        async with opened(store) as db:
+            upload = tmp_path / "upload.json"
+            upload.write_bytes(many(200))
+            imports = Imports(Settings(_cli_parse_args=[]), db, lambda: "m")  # type: ignore[call-arg]
+            with upload.open("rb") as file:
+                job = await imports.start("alice", file)
+            while job.imported < 10:
+                await asyncio.sleep(0.001)
+            await imports.aclose()
+            return job, await db.list_conversations("alice")
+
+    job, left = asyncio.run(scenario())
+    assert job.status == "failed" and left == []
+
+
+@pytest.mark.parametrize("count", [3])
+def test_an_import_writes_every_conversation_with_the_apps_defaults(store, tmp_path, count):
+    async def scenario() -> Any:
+        async with opened(store) as db:
+            job = await run_import(db, many(count), tmp_path)
+            return job, await db.list_conversations("alice")
+
+    job, listed = asyncio.run(scenario())
+    assert job.status == "done" and job.imported == count
+    assert sorted(record.title or "" for record in listed) == [f"Trip {number}" for number in range(count)]
+    assert {record.model for record in listed} == {"default-model"}
