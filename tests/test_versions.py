@@ -178,11 +178,16 @@ CONVERSATION = "INSERT INTO conversations (id, title, model, system_prompt, crea
 MESSAGE = "INSERT INTO messages (id, conversation_id, role, content, status, created_at) VALUES "
 
 
+def before_versions(migrations: list[str]) -> int:
+    """How many schema steps a database had before versions."""
+    return next(number for number, step in enumerate(migrations) if "ADD COLUMN parent_id" in step)
+
+
 def old_sqlite_database(path: Any) -> None:
-    """A file made by the release before versions (every step but the last), with a history."""
+    """A file made by the release before versions (the steps before its own), with a history."""
     with sqlite3.connect(path) as db:
         db.create_function("token_hash", 1, token_hash)
-        for number, step in enumerate(sqlite_schema.MIGRATIONS[:-1], start=1):
+        for number, step in enumerate(sqlite_schema.MIGRATIONS[: before_versions(sqlite_schema.MIGRATIONS)], start=1):
             db.executescript(f"BEGIN; {step} PRAGMA user_version = {number}; COMMIT;")
         for conversation in "ab":
             db.execute(CONVERSATION + "(?, 'old', 'fake-model', '', 1, 1)", (conversation,))
@@ -195,7 +200,9 @@ async def old_postgres_database(url: str) -> None:
     db = await asyncpg.connect(url)
     try:
         await db.execute(postgres_schema.SCHEMA_VERSION_TABLE)
-        for number, step in enumerate(postgres_schema.MIGRATIONS[:-1], start=1):
+        for number, step in enumerate(
+            postgres_schema.MIGRATIONS[: before_versions(postgres_schema.MIGRATIONS)], start=1
+        ):
             await db.execute(step)
             await db.execute("INSERT INTO schema_version VALUES ($1, 0)", number)
         for conversation in "ab":

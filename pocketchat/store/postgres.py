@@ -48,7 +48,9 @@ CLOSE_TIMEOUT = 15.0  # seconds close() waits for the writer before it gives up 
 READ_TIMEOUT = 3.0  # seconds a read may take; then the user is told the database is unavailable
 STALL_SECONDS = 1.0  # a write (or probe) the server has not answered for this long makes /healthz fail
 
-MESSAGE_COLUMNS = "seq, id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at"
+MESSAGE_COLUMNS = (
+    "seq, id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at, parent_id"
+)
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
 # replica that took its turn over) no later write changes it: a producer that was paused past its lease
