@@ -71,7 +71,7 @@ const handlers = {
     const reveal = state.reveal;
     if (reveal?.conversationId === frame.conversation_id) {
       state.reveal = null;
-      drawn.then(() => transcript.reveal(reveal.messageId));
+      drawn.then(() => revealHit(reveal.messageId));
     }
     if (frame.running) {
       const view = transcript.append({
@@ -109,7 +109,13 @@ const handlers = {
   },
 
   path(frame) {
-    if (frame.conversation_id === state.conversationId) showPath(transcript, frame.history);
+    if (frame.conversation_id !== state.conversationId) return;
+    showPath(transcript, frame.history);
+    const reveal = state.reveal;
+    if (reveal?.conversationId === frame.conversation_id) {
+      state.reveal = null;
+      transcript.reveal(reveal.messageId);
+    }
   },
 
   queued(frame) {
@@ -318,11 +324,18 @@ function openConversation(id) {
 function openHit(conversationId, messageId) {
   closeSidebarOnPhone();
   if (conversationId === state.conversationId) {
-    if (messageId) transcript.reveal(messageId);
+    if (messageId) revealHit(messageId);
     return;
   }
   state.reveal = messageId ? { conversationId, messageId } : null;
   openConversation(conversationId);
+}
+
+/** Show a hit's message: it is on screen, or on a branch not shown (an earlier version), asked for first. */
+function revealHit(messageId) {
+  if (transcript.reveal(messageId)) return;
+  state.reveal = { conversationId: state.conversationId, messageId };
+  connection.send({ type: "switch", message_id: messageId });
 }
 
 function newChat() {

@@ -97,3 +97,31 @@ def test_the_palette_works_from_the_keyboard_alone(page, app, conversations):
     expect(target).to_be_in_viewport()
     expect(target).to_have_class(re.compile(r"\bfound\b"))
     expect(page.locator("#input")).to_be_focused()
+
+
+def test_a_hit_on_a_version_not_shown_shows_its_branch(browser: Browser, app: AppProcess, fake: FakeOpenAI):
+    client = app.client()
+    conversation_id = client.hello()["conversation_id"]
+    fake.queue(Reply(tokens=["The gannet dives for fish."]))
+    client.turn("Which seabird dives?")
+    fake.queue(Reply(tokens=["A pelican, sometimes."]))
+    client.send("regenerate")
+    client.until("turn_end")
+    client.close()
+    first = app.get(f"/api/conversations/{conversation_id}")
+    under_test = PageUnderTest(browser, app)
+    page = under_test.open()
+    box = page.get_by_role("searchbox", name="Search conversations")
+    reply = page.locator(".message.assistant")
+    # The hit is the earlier version of the reply: the page opens the conversation, asks for the hit's
+    # branch and shows it there; then, in the same conversation, the other way round.
+    for word, count in (("gannet", "1/2"), ("pelican", "2/2")):
+        box.fill("")
+        box.press_sequentially(word, delay=20)
+        page.locator("#search-results .hit").filter(has_text=word).click()
+        expect(reply).to_have_text(re.compile(word))
+        expect(reply.locator(".versions-count")).to_have_text(count)
+        expect(reply).to_have_class(re.compile(r"\bfound\b"))
+    assert app.get(f"/api/conversations/{conversation_id}")["messages"] == first["messages"]
+    under_test.context.close()
+    assert under_test.errors == []

@@ -138,20 +138,24 @@ def test_a_deleted_conversation_is_gone_from_the_results_at_once(app):
     assert search(app, "zebra") == [] and search(app, "ephemeral") == []
 
 
-def test_edited_and_regenerated_text_is_no_longer_found(app, fake):
+def test_earlier_versions_stay_found_each_at_its_own_message(app, fake):
     fake.queue(Reply(tokens=["the first answer mentions ", "walrus"]))
     client, _ = chat(app, ALICE, "tell me about the narwhal")
-    assert len(search(app, "walrus")) == 1
+    [first] = search(app, "walrus")
     fake.queue(Reply(tokens=["a second answer about ", "penguins"]))
     client.send("regenerate")
+    regenerated = client.until("turn_end")[-1]
+    assert regenerated["status"] == "complete"
+    # A regenerate keeps the earlier reply as a version: still found, at its own message (the page shows
+    # its branch), beside the new one.
+    assert [hit["message_id"] for hit in search(app, "walrus")] == [first["message_id"]]
+    assert [hit["message_id"] for hit in search(app, "penguins")] == [regenerated["message_id"]]
+    question = next(m for m in client.hello(first["conversation_id"])["history"] if m["role"] == "user")
+    client.send("edit", message_id=question["id"], content="tell me about the axolotl")
     assert client.until("turn_end")[-1]["status"] == "complete"
-    assert search(app, "walrus") == [] and len(search(app, "penguins")) == 1
-    message_id = search(app, "narwhal")[0]["message_id"]
-    client.send("edit", message_id=message_id, content="tell me about the axolotl")
-    assert client.until("turn_end")[-1]["status"] == "complete"
-    # The title keeps the first words; the message has new ones.
-    assert [hit["message_id"] for hit in search(app, "narwhal")] == [None]
-    assert search(app, "axolotl")[0]["role"] == "user"
+    [edited] = search(app, "axolotl")
+    assert edited["role"] == "user" and edited["message_id"] != question["id"]
+    assert len(search(app, "narwhal")) == 1  # the earlier question, and the title's first words
 
 
 def test_a_reply_is_found_once_it_ends_not_while_it_streams(app, fake):
