@@ -4,9 +4,12 @@ import { Connection } from "./connection.js";
 import { Documents } from "./documents.js";
 import { ImageTray, isImage } from "./images.js";
 import { copyCode } from "./markdown.js";
+import { MenuButton } from "./menu.js";
+import { Shortcuts } from "./shortcuts.js";
 import { ToolsPanel } from "./tools.js";
 import { Transcript } from "./transcript.js";
 import { acceptFiles } from "./uploads.js";
+import { Welcome } from "./welcome.js";
 
 const CONVERSATION_KEY = "pocketchat.conversation";
 const OLD_CONVERSATION_KEY = "pocketchat.session"; // where an earlier page kept it
@@ -14,7 +17,7 @@ const $ = (id) => document.getElementById(id);
 
 const ui = {
   input: $("input"), send: $("send"), composer: $("composer"), title: $("title"),
-  providerNote: $("provider-note"), promptSummary: $("system-prompt-summary"),
+  promptSummary: $("system-prompt-summary"),
   modelPicker: $("model-picker"), exportLink: $("export"),
   banner: $("banner"), bannerText: $("banner-text"), announcer: $("announcer"),
   list: $("conversation-list"), sidebar: $("sidebar"), toggleSidebar: $("toggle-sidebar"),
@@ -37,6 +40,16 @@ const documents = new Documents($("documents"), (text) => showNotice(text), sign
 const images = new ImageTray($("images"), $("images-note"), (text) => showNotice(text), signIn);
 const connection = new Connection(onFrame, helloFrame, showConnection, signIn);
 const tools = new ToolsPanel($("tools-button"), $("tools-dialog"), (off) => changeConversation({ tools_off: off }));
+const welcome = new Welcome($("welcome"), $("transcript"), $("model-notice"), (prompt) => {
+  ui.input.value = prompt;
+  submit();
+});
+const shortcuts = new Shortcuts($("shortcuts-dialog"), {
+  newChat,
+  stop: () => Boolean(state.running) && connection.send({ type: "stop", turn_id: state.running.turnId }),
+  focusInput: () => ui.input.focus(),
+});
+new MenuButton($("menu-button"), $("page-menu"));
 
 /** Not signed in (no session, or it was revoked): the sign-in page. */
 function signIn() {
@@ -182,7 +195,7 @@ function showConversation(frame) {
   document.title = frame.title ? `${frame.title} · PocketChat` : "PocketChat";
   ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.md`;
   fillModelPicker();
-  showProvider();
+  welcome.show(state.provider, frame.model);
   showImageSight();
   const provider = state.provider;
   tools.show(frame.tools_off, provider?.kind === "local" || frame.model === provider?.embedded_model);
@@ -193,27 +206,6 @@ function showImageSight() {
   const model = state.conversation?.model;
   const known = state.vision !== null && state.models.includes(model);
   images.setBlindModel(known && !state.vision.includes(model) ? model : null);
-}
-
-const DEMO_NOTE = ": a small offline demo model. For real answers, point PocketChat at a bigger model: " +
-  "set POCKETCHAT_BASE_URL (OpenAI, OpenRouter, Ollama, vLLM…) or --model-path (see the README).";
-
-/** Say who answers this conversation: the embedded demo model, a local file, or a remote endpoint. */
-function showProvider() {
-  const provider = state.provider;
-  const model = state.conversation?.model;
-  if (!provider) return;
-  if (provider.kind === "local") {
-    ui.providerNote.textContent = provider.demo ? provider.model + DEMO_NOTE : `${provider.model}, running locally.`;
-  } else if (provider.embedded_model && model === provider.embedded_model) {
-    ui.providerNote.textContent = model + DEMO_NOTE;
-  } else if (provider.kind === "unavailable") {
-    ui.providerNote.textContent = `No model can answer: ${provider.message} ` +
-      "Or set POCKETCHAT_BASE_URL and POCKETCHAT_API_KEY to use an OpenAI-compatible provider.";
-  } else {
-    ui.providerNote.textContent = `via ${provider.base_url}`;
-  }
-  ui.providerNote.classList.toggle("warning", provider.kind === "unavailable");
 }
 
 /** An error that belongs to no reply (a refused frame, a failed request): shown in place, no actions. */
@@ -463,13 +455,8 @@ $("system-prompt-button").addEventListener("click", () => {
 ui.promptDialog.addEventListener("close", () => {
   if (ui.promptDialog.returnValue === "save") changeConversation({ system_prompt: ui.promptInput.value });
 });
-document.addEventListener("keydown", (event) => {
-  // Escape stops a streaming reply from anywhere on the page (unless a dialog or editor takes it).
-  if (event.key === "Escape" && state.running && !document.querySelector("dialog[open]") &&
-      !event.target.closest?.(".editor, .rename-input")) {
-    connection.send({ type: "stop", turn_id: state.running.turnId });
-  }
-});
+$("search-button").addEventListener("click", () => document.dispatchEvent(new CustomEvent("pocketchat:search")));
+$("shortcuts-button").addEventListener("click", () => shortcuts.open());
 
 connection.open();
 loadModels();
