@@ -240,3 +240,16 @@ def test_axe_finds_nothing_on_the_page(browser: Browser, start_app, fake: FakeOp
     wait_done(page)
     assert axe_violations(page) == []  # a conversation
     context.close()
+
+
+def test_with_no_model_to_answer_the_banner_says_why_and_stays(browser: Browser, start_app, tmp_path):
+    app = start_app("--provider", "local", "--model-path", str(tmp_path / "absent.gguf"))
+    under_test = PageUnderTest(browser, app)
+    page = under_test.open()
+    notice = page.locator("#model-notice")
+    expect(notice).to_contain_text("No model can answer:")
+    expect(notice).to_contain_text("POCKETCHAT_BASE_URL")
+    expect(notice.get_by_role("button", name="Dismiss this notice")).to_be_hidden()
+    expect(page.locator("#welcome-model")).to_have_text("No model can answer yet: see the notice above.")
+    under_test.context.close()
+    assert under_test.errors == []
