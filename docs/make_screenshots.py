@@ -41,6 +41,12 @@ def main() -> None:
         app.start()
         browser = chromium.launch(playwright)
         try:
+            welcome = chat(browser, app, viewport={"width": 1200, "height": 760})
+            welcome.get_by_label("Model").select_option("SmolLM2-135M-Instruct.Q4_1")  # and its notice shows
+            expect(welcome.locator("#model-notice")).to_be_visible()
+            welcome.screenshot(path=OUT / "welcome.png")
+            welcome.context.close()
+
             for scheme in ("light", "dark"):
                 fake.queue(Reply(tokens=ANSWER, reasoning=["The user wants ", "list reversal options."]))
                 page = chat(browser, app, color_scheme=scheme, viewport={"width": 1200, "height": 760})

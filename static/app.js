@@ -5,11 +5,14 @@ import { Documents } from "./documents.js";
 import { ImageTray, isImage } from "./images.js";
 import { Importer } from "./import.js";
 import { copyCode } from "./markdown.js";
+import { MenuButton } from "./menu.js";
 import { initSearch } from "./search.js";
+import { Shortcuts } from "./shortcuts.js";
 import { ToolsPanel } from "./tools.js";
 import { Transcript } from "./transcript.js";
 import { acceptFiles } from "./uploads.js";
 import { lockVersions, makeRoomAfter, showPath, switchFrame } from "./versions.js";
+import { Welcome } from "./welcome.js";
 
 const CONVERSATION_KEY = "pocketchat.conversation";
 const OLD_CONVERSATION_KEY = "pocketchat.session"; // where an earlier page kept it
@@ -17,7 +20,7 @@ const $ = (id) => document.getElementById(id);
 
 const ui = {
   input: $("input"), send: $("send"), composer: $("composer"), title: $("title"),
-  providerNote: $("provider-note"), promptSummary: $("system-prompt-summary"),
+  promptSummary: $("system-prompt-summary"),
   modelPicker: $("model-picker"), exportLink: $("export"), exportJson: $("export-json"),
   banner: $("banner"), bannerText: $("banner-text"), announcer: $("announcer"),
   list: $("conversation-list"), sidebar: $("sidebar"), toggleSidebar: $("toggle-sidebar"),
@@ -42,6 +45,16 @@ const images = new ImageTray($("images"), $("images-note"), (text) => showNotice
 const connection = new Connection(onFrame, helloFrame, showConnection, signIn);
 new Importer($("import"), $("import-picker"), $("import-status"), signIn, () => refreshSidebar());
 const tools = new ToolsPanel($("tools-button"), $("tools-dialog"), (off) => changeConversation({ tools_off: off }));
+const welcome = new Welcome($("welcome"), $("transcript"), $("model-notice"), (prompt) => {
+  ui.input.value = prompt;
+  submit();
+});
+const shortcuts = new Shortcuts($("shortcuts-dialog"), {
+  newChat,
+  stop: () => Boolean(state.running) && connection.send({ type: "stop", turn_id: state.running.turnId }),
+  focusInput: () => ui.input.focus(),
+});
+new MenuButton($("menu-button"), $("page-menu"));
 
 /** Not signed in (no session, or it was revoked): the sign-in page. */
 function signIn() {
@@ -209,7 +222,7 @@ function showConversation(frame) {
   ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.md`;
   ui.exportJson.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.json`;
   fillModelPicker();
-  showProvider();
+  welcome.show(state.provider, frame.model);
   showImageSight();
   const provider = state.provider;
   tools.show(frame.tools_off, provider?.kind === "local" || frame.model === provider?.embedded_model);
@@ -220,27 +233,6 @@ function showImageSight() {
   const model = state.conversation?.model;
   const known = state.vision !== null && state.models.includes(model);
   images.setBlindModel(known && !state.vision.includes(model) ? model : null);
-}
-
-const DEMO_NOTE = ": a small offline demo model. For real answers, point PocketChat at a bigger model: " +
-  "set POCKETCHAT_BASE_URL (OpenAI, OpenRouter, Ollama, vLLM…) or --model-path (see the README).";
-
-/** Say who answers this conversation: the embedded demo model, a local file, or a remote endpoint. */
-function showProvider() {
-  const provider = state.provider;
-  const model = state.conversation?.model;
-  if (!provider) return;
-  if (provider.kind === "local") {
-    ui.providerNote.textContent = provider.demo ? provider.model + DEMO_NOTE : `${provider.model}, running locally.`;
-  } else if (provider.embedded_model && model === provider.embedded_model) {
-    ui.providerNote.textContent = model + DEMO_NOTE;
-  } else if (provider.kind === "unavailable") {
-    ui.providerNote.textContent = `No model can answer: ${provider.message} ` +
-      "Or set POCKETCHAT_BASE_URL and POCKETCHAT_API_KEY to use an OpenAI-compatible provider.";
-  } else {
-    ui.providerNote.textContent = `via ${provider.base_url}`;
-  }
-  ui.providerNote.classList.toggle("warning", provider.kind === "unavailable");
 }
 
 /** An error that belongs to no reply (a refused frame, a failed request): shown in place, no actions. */
@@ -510,13 +502,8 @@ $("system-prompt-button").addEventListener("click", () => {
 ui.promptDialog.addEventListener("close", () => {
   if (ui.promptDialog.returnValue === "save") changeConversation({ system_prompt: ui.promptInput.value });
 });
-document.addEventListener("keydown", (event) => {
-  // Escape stops a streaming reply from anywhere on the page (unless a dialog or editor takes it).
-  if (event.key === "Escape" && state.running && !document.querySelector("dialog[open]") &&
-      !event.target.closest?.(".editor, .rename-input")) {
-    connection.send({ type: "stop", turn_id: state.running.turnId });
-  }
-});
+$("search-button").addEventListener("click", () => document.dispatchEvent(new CustomEvent("pocketchat:search")));
+$("shortcuts-button").addEventListener("click", () => shortcuts.open());
 
 initSearch(openHit, signIn);
 connection.open();

@@ -64,6 +64,13 @@ def send(page: Page, text: str) -> None:
     page.locator("#input").press("Enter")
 
 
+def menu_item(page: Page, name: str):
+    """An item of the header's menu, the menu opened."""
+    if page.locator("#menu-button").get_attribute("aria-expanded") != "true":
+        page.locator("#menu-button").click()
+    return page.get_by_role("menuitem", name=name)
+
+
 def replies(page: Page):
     return page.locator(".message.assistant:not(.notice-only)")
 
@@ -363,7 +370,7 @@ def test_model_picker_and_system_prompt_belong_to_the_conversation(page: Page, f
     picker = page.get_by_label("Model")
     expect(picker.locator("option")).to_have_text(["fake-model", "fake-model-large", "SmolLM2-135M-Instruct.Q4_1"])
     picker.select_option("fake-model-large")
-    page.get_by_role("button", name="System prompt").click()
+    menu_item(page, "System prompt").click()
     page.locator("#system-prompt-input").fill("Talk like a pirate.")
     page.locator("#system-prompt-dialog").get_by_role("button", name="Save").click()
     expect(page.locator("#system-prompt-summary")).to_have_text("System prompt: Talk like a pirate.")
@@ -497,7 +504,7 @@ def test_export_downloads_the_conversation_as_markdown(page: Page, fake: FakeOpe
     send(page, "export me")
     wait_done(page)
     with page.expect_download() as download:
-        page.get_by_role("link", name="Export", exact=True).click()
+        menu_item(page, "Export as Markdown").click()
     text = Path(download.value.path()).read_text()
     assert "## You\n\nexport me" in text and "exported answer" in text
 
@@ -536,7 +543,7 @@ def test_the_page_says_when_the_small_offline_demo_model_answers(browser: Browse
     app = start_app("--provider", "local", "--max-tokens", "8")
     under_test = PageUnderTest(browser, app)
     page = under_test.open()
-    note = page.locator("#provider-note")
+    note = page.locator("#model-notice")
     expect(note).to_contain_text("SmolLM2-135M-Instruct.Q4_1: a small offline demo model")
     expect(note).to_contain_text("POCKETCHAT_BASE_URL")
     expect(page.get_by_label("Model").locator("option")).to_have_text(["SmolLM2-135M-Instruct.Q4_1"])

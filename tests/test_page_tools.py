@@ -10,7 +10,7 @@ from playwright.sync_api import Browser, Page, expect
 
 from tests.conftest import AppProcess
 from tests.fake_openai import Call, FakeOpenAI, Reply
-from tests.test_page import PageUnderTest, replies, send, wait_done
+from tests.test_page import PageUnderTest, menu_item, replies, send, wait_done
 from tests.test_tools import mcp_config, offered
 
 pytestmark = pytest.mark.browser
@@ -75,7 +75,9 @@ def test_the_tools_dialog_turns_a_server_off_shows_the_failed_one_and_what_the_e
     page = pages.open()
     expect(page.locator("#tools-button")).to_have_class("warning")
     expect(page.locator("#tools-button")).to_have_attribute("title", "Tool servers failing: broken")
-    page.locator("#tools-button").click()
+    # The header's menu holds the Tools item: its button says so too, before it is opened.
+    expect(page.locator("#menu-button")).to_have_attribute("title", "Tool servers failing: broken")
+    menu_item(page, "Tools").click()
     dialog = page.locator("#tools-dialog")
     expect(dialog.locator(".tool-source")).to_have_count(3)
     expect(dialog.locator(".tool-source[data-source=broken]")).to_contain_text("failed: it exited")
@@ -88,12 +90,12 @@ def test_the_tools_dialog_turns_a_server_off_shows_the_failed_one_and_what_the_e
     names = offered(fake.chat_requests[-1])
     assert "calculator" in names and not any(name.startswith("test__") for name in names)
     page.reload()  # kept with the conversation
-    page.locator("#tools-button").click()
+    menu_item(page, "Tools").click()
     expect(dialog.get_by_label("test")).not_to_be_checked()
     expect(dialog.get_by_label("Built-in tools")).to_be_checked()
     dialog.get_by_role("button", name="Done").click()
     page.get_by_label("Model").select_option("SmolLM2-135M-Instruct.Q4_1")
-    page.locator("#tools-button").click()
+    menu_item(page, "Tools").click()
     expect(dialog.locator(".tools-note")).to_contain_text("Tools need a provider that supports them")
 
 
