@@ -76,6 +76,15 @@ def main() -> None:
             expect(streaming.locator(".message.assistant .body")).to_contain_text("Streaming " * 30)
             streaming.screenshot(path=OUT / "streaming.png")
             streaming.context.close()
+
+            fake.queue(Reply(tokens=["Slice it: `xs[::-1]` gives a reversed copy."]), Reply(tokens=ANSWER))
+            versions = chat(browser, app, viewport={"width": 1200, "height": 620})
+            ask(versions, "How do I reverse a list in Python?")
+            versions.get_by_role("button", name="Regenerate").click(timeout=10_000)
+            expect(versions.locator(".versions-count")).to_have_text("2/2", timeout=10_000)
+            expect(versions.locator("#send")).to_have_text("Send", timeout=10_000)
+            versions.screenshot(path=OUT / "versions.png")
+            versions.context.close()
         finally:
             browser.close()
             app.kill()
