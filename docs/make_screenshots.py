@@ -70,6 +70,14 @@ def main() -> None:
             expect(streaming.locator(".message.assistant .body")).to_contain_text("Streaming " * 30)
             streaming.screenshot(path=OUT / "streaming.png")
             streaming.context.close()
+
+            # The conversations above, found again with the palette (Ctrl+K).
+            searching = chat(browser, app, viewport={"width": 1200, "height": 560})
+            searching.keyboard.press("Control+k")
+            searching.keyboard.type("reverse pyth")
+            expect(searching.locator("#palette-results [role=option]")).to_have_count(3)
+            searching.screenshot(path=OUT / "search.png")
+            searching.context.close()
         finally:
             browser.close()
             app.kill()

@@ -169,11 +169,18 @@ def test_a_reply_is_found_once_it_ends_not_while_it_streams(app, fake):
 # ---- existing databases ------------------------------------------------------------------------------
 
 
+def before_search(migrations: list[str]) -> list[str]:
+    """The schema's steps before the one that made the search index (later ones are applied at start)."""
+    return migrations[
+        : next(n for n, step in enumerate(migrations) if "messages_text" in step or "messages_words" in step)
+    ]
+
+
 def old_sqlite_database(path: Path) -> None:
     """A file at the schema before search, holding a conversation with a message."""
     db = sqlite3.connect(path)
     db.create_function("token_hash", 1, lambda value: value)
-    for number, step in enumerate(sqlite_schema.MIGRATIONS[:-1], start=1):
+    for number, step in enumerate(before_search(sqlite_schema.MIGRATIONS), start=1):
         db.executescript(f"BEGIN; {step} PRAGMA user_version = {number}; COMMIT;")
     fill_old(lambda query, *args: db.execute(re.sub(r"\$\d", "?", query), args))
     db.commit()
@@ -192,7 +199,7 @@ async def old_postgres_database(url: str) -> None:
     db = await asyncpg.connect(url)
     try:
         await db.execute(postgres_schema.SCHEMA_VERSION_TABLE)
-        for number, step in enumerate(postgres_schema.MIGRATIONS[:-1], start=1):
+        for number, step in enumerate(before_search(postgres_schema.MIGRATIONS), start=1):
             await db.execute(step)
             await db.execute("INSERT INTO schema_version VALUES ($1, 0)", number)
         for query, args in recorded(fill_old):
