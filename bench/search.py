@@ -16,12 +16,13 @@ is then built whole.
   alone and through the store (its write queue: what a turn of the app waits for), and the ratios;
 - search: queries of one user through the store's `search` (what GET /api/search runs), 1 to 3 words
   taken from that user's messages (so that they match), a third of them with the last word cut to its
-  first 3 to 5 letters as while typing: median and p95.
+  first 4 to 6 letters as while typing: median and p95.
 """
 
 import argparse
 import asyncio
 import json
+import os
 import random
 import sqlite3
 import statistics
@@ -35,7 +36,7 @@ import asyncpg
 import numpy as np
 
 from pocketchat.records import Message, new_id
-from pocketchat.search import parse_query
+from pocketchat.search import PREFIX_MIN, parse_query
 from pocketchat.store import postgres, sqlite
 from pocketchat.store.postgres import PostgresStore
 from pocketchat.store.sqlite import SqliteStore
@@ -114,8 +115,8 @@ class Corpus:
             if not words:
                 continue
             picked = self.random.sample(sorted(words), min(len(words), self.random.randint(1, 3)))
-            if self.random.random() < 1 / 3 and len(picked[-1]) > 3:
-                picked[-1] = picked[-1][: self.random.randint(3, min(5, len(picked[-1])))]
+            if self.random.random() < 1 / 3 and len(picked[-1]) > PREFIX_MIN:
+                picked[-1] = picked[-1][: self.random.randint(PREFIX_MIN, min(PREFIX_MIN + 2, len(picked[-1])))]
                 queries.append(" ".join(picked))
             else:
                 queries.append(" ".join(picked) + " ")  # a finished word: matched whole
@@ -154,7 +155,7 @@ async def store_turns(store: Any, conversation_ids: list[str], turns: int) -> fl
     return statistics.median(times)
 
 
-async def search_times(store: Any, queries: list[str]) -> tuple[list[float], int]:
+async def search_times(store: Any, queries: list[str]) -> tuple[list[tuple[str, float]], int]:
     """Each query's time in milliseconds through the store's `search`, and how many found nothing."""
     for query in queries[:20]:  # warm the caches a real server has warm
         await store.search("user0", parse_query(query), 20)
@@ -162,7 +163,7 @@ async def search_times(store: Any, queries: list[str]) -> tuple[list[float], int
     for query in queries:
         started = time.perf_counter()
         hits = await store.search("user0", parse_query(query), 20)
-        times.append((time.perf_counter() - started) * 1000)
+        times.append((query, (time.perf_counter() - started) * 1000))
         empty += not hits
     return times, empty
 
@@ -307,8 +308,15 @@ async def bench_postgres(corpus: Corpus, queries: list[str], url: str) -> dict[s
 
 
 def report(
-    mode: str, loaded: float, indexed: float, turns: dict[str, float], times: list[float], empty: int, size: int
+    mode: str,
+    loaded: float,
+    indexed: float,
+    turns: dict[str, float],
+    by_query: list[tuple[str, float]],
+    empty: int,
+    size: int,
 ) -> dict[str, Any]:
+    times = [ms for _, ms in by_query]
     figures = {
         "mode": mode,
         "load_s": round(loaded, 1),
@@ -321,6 +329,8 @@ def report(
         "search_max_ms": round(max(times), 2),
         "queries": len(times),
         "queries_finding_nothing": empty,
+        "slowest": [(query, round(ms, 1)) for query, ms in sorted(by_query, key=lambda item: -item[1])[:5]],
+        "load_average": os.getloadavg()[0],
         "database_mb": round(size / 1e6),
     }
     print(json.dumps(figures), flush=True)
