@@ -10,17 +10,19 @@ vocabulary of common English words and 40,000 made-up ones (user messages of 5 t
 is then built whole.
 
 - inserts: a turn written as the app writes it (the user message and a streaming reply in one
-  transaction, then the finished reply in another), one turn after another, without the index (its
-  triggers dropped, or disabled and its GIN index not built yet) and with it, in the same run: the
-  median turn and the ratio of the medians;
+  transaction, then the finished reply in another), one turn after another, with the index and without
+  it (SQLite: its triggers dropped; PostgreSQL: its trigger disabled, the GIN index then taking an empty
+  entry a row), three rounds each way, alternated, in the same run: the median turn, as statements
+  alone and through the store (its write queue: what a turn of the app waits for), and the ratios;
 - search: queries of one user through the store's `search` (what GET /api/search runs), 1 to 3 words
   taken from that user's messages (so that they match), a third of them with the last word cut to its
-  first 3 to 5 letters as while typing: median and p95.
+  first 4 to 6 letters as while typing: median and p95.
 """
 
 import argparse
 import asyncio
 import json
+import os
 import random
 import sqlite3
 import statistics
@@ -34,7 +36,7 @@ import asyncpg
 import numpy as np
 
 from pocketchat.records import Message, new_id
-from pocketchat.search import parse_query
+from pocketchat.search import PREFIX_MIN, parse_query
 from pocketchat.store import postgres, sqlite
 from pocketchat.store.postgres import PostgresStore
 from pocketchat.store.sqlite import SqliteStore
@@ -60,7 +62,7 @@ room friend began idea fish mountain stop once base hear horse cut sure watch co
 docker kubernetes database query index server error function class deploy memory thread async request response
 json token model test cache queue deadline budget recipe garden travel invoice contract"""
 SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["ar", "en", "or", "is", "an", "el", "on"]
-TURNS = {"sqlite": 2000, "postgres": 500}  # turns written for the insert figures, each way
+TURNS = {"sqlite": 1000, "postgres": 200}  # turns written for the insert figures, each way and round
 
 
 class Corpus:
@@ -80,7 +82,11 @@ class Corpus:
         lengths = np.where(np.arange(messages) % 2 == 0, rng.integers(5, 36, messages), rng.integers(30, 131, messages))
         words = rng.choice(len(self.vocabulary), size=int(lengths.sum()), p=weights / weights.sum())
         ends = np.cumsum(lengths)
-        self.texts = [" ".join(self.vocabulary[words[end - n : end]]) for n, end in zip(lengths, ends, strict=True)]
+        vocabulary = self.vocabulary.tolist()
+        self.texts = [
+            " ".join([vocabulary[word] for word in words[end - n : end].tolist()])
+            for n, end in zip(lengths.tolist(), ends.tolist(), strict=True)
+        ]
 
     def owner(self, conversation: int) -> str:
         return self.users[conversation % len(self.users)]
@@ -109,8 +115,8 @@ class Corpus:
             if not words:
                 continue
             picked = self.random.sample(sorted(words), min(len(words), self.random.randint(1, 3)))
-            if self.random.random() < 1 / 3 and len(picked[-1]) > 3:
-                picked[-1] = picked[-1][: self.random.randint(3, min(5, len(picked[-1])))]
+            if self.random.random() < 1 / 3 and len(picked[-1]) > PREFIX_MIN:
+                picked[-1] = picked[-1][: self.random.randint(PREFIX_MIN, min(PREFIX_MIN + 2, len(picked[-1])))]
                 queries.append(" ".join(picked))
             else:
                 queries.append(" ".join(picked) + " ")  # a finished word: matched whole
@@ -122,25 +128,44 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
 
 
-def turn_rows(conversation_id: str) -> tuple[list[tuple[Any, ...]], tuple[Any, ...]]:
-    """A turn's opening rows (the user message, the streaming reply) and its finished reply's row."""
-    user = Message("user", "how do I keep the invoice budget within the deadline for the garden contract?")
-    reply = Message("assistant", "", status="streaming")
-    opening = [user.to_row(conversation_id), reply.to_row(conversation_id)]
-    reply.content = "Split the invoice into monthly parts, agree the deadline in the contract, and " * 4
-    reply.status = "complete"
-    return opening, reply.to_row(conversation_id)
+USER_TEXT = "how do I keep the invoice budget within the deadline for the garden contract?"
+REPLY_TEXT = "Split the invoice into monthly parts, agree the deadline in the contract, and " * 4
 
 
-async def search_times(store: Any, queries: list[str]) -> tuple[list[float], int]:
-    """Each query's time in milliseconds through the store's `search`, and how many found nothing."""
+def turn_messages() -> tuple[Message, Message]:
+    return Message("user", USER_TEXT), Message("assistant", "", status="streaming")
+
+
+def finish(reply: Message) -> None:
+    reply.content, reply.status = REPLY_TEXT, "complete"
+
+
+async def store_turns(store: Any, conversation_ids: list[str], turns: int) -> float:
+    """The median time of a turn's writes through the store, as the app makes them (the turn's opening,
+    then its finished reply, each awaited), in milliseconds."""
+    times = []
+    for n in range(turns):
+        conversation_id = conversation_ids[n % len(conversation_ids)]
+        user, reply = turn_messages()
+        started = time.perf_counter()
+        await store.open_turn(conversation_id, None, [user, reply], [])
+        finish(reply)
+        await store.save_messages(conversation_id, [reply])
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+async def search_times(store: Any, queries: list[str]) -> tuple[list[tuple[str, float, float]], int]:
+    """Each query's time in milliseconds through the store's `search`, wall clock and this process's CPU
+    (all of SQLite's work, none of PostgreSQL's: on a machine others load, the part that is not waiting
+    for a core), and how many queries found nothing."""
     for query in queries[:20]:  # warm the caches a real server has warm
         await store.search("user0", parse_query(query), 20)
     times, empty = [], 0
     for query in queries:
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         hits = await store.search("user0", parse_query(query), 20)
-        times.append((time.perf_counter() - started) * 1000)
+        times.append((query, (time.perf_counter() - started) * 1000, (time.process_time() - cpu) * 1000))
         empty += not hits
     return times, empty
 
@@ -149,16 +174,18 @@ async def search_times(store: Any, queries: list[str]) -> tuple[list[float], int
 
 
 def sqlite_turns(db: sqlite3.Connection, conversation_ids: list[str], turns: int) -> float:
-    """The median time of a turn's two transactions, in milliseconds."""
+    """The median time of a turn's two transactions, statements only, in milliseconds."""
     times = []
     for n in range(turns):
-        opening, finished = turn_rows(conversation_ids[n % len(conversation_ids)])
+        conversation_id = conversation_ids[n % len(conversation_ids)]
+        user, reply = turn_messages()
         started = time.perf_counter()
         db.execute("BEGIN")
-        db.executemany(sqlite.UPSERT_MESSAGE, opening)
+        db.executemany(sqlite.UPSERT_MESSAGE, [user.to_row(conversation_id), reply.to_row(conversation_id)])
         db.execute("COMMIT")
+        finish(reply)
         db.execute("BEGIN")
-        db.execute(sqlite.UPSERT_MESSAGE, finished)
+        db.execute(sqlite.UPSERT_MESSAGE, reply.to_row(conversation_id))
         db.execute("COMMIT")
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
@@ -188,7 +215,6 @@ async def bench_sqlite(corpus: Corpus, queries: list[str], directory: Path) -> d
     )
     db.execute("COMMIT")
     loaded = time.perf_counter() - started
-    without = sqlite_turns(db, corpus.conversation_ids, TURNS["sqlite"])
     started = time.perf_counter()
     db.execute("BEGIN")
     for _, sql in triggers:
@@ -197,15 +223,28 @@ async def bench_sqlite(corpus: Corpus, queries: list[str], directory: Path) -> d
     db.execute("INSERT INTO conversations_text(conversations_text) VALUES ('rebuild')")
     db.execute("COMMIT")
     indexed = time.perf_counter() - started
-    with_index = sqlite_turns(db, corpus.conversation_ids, TURNS["sqlite"])
-    db.close()
     store = SqliteStore(path)
     await store.open()
     try:
         times, empty = await search_times(store, queries)
+        # Without and with the index in turns (its triggers dropped, then made again), three rounds each:
+        # the machine's load drifts; the rows written without it are simply not found.
+        rounds: dict[str, list[float]] = {"raw": [], "raw_indexed": [], "store": [], "store_indexed": []}
+        ids = corpus.conversation_ids
+        for _ in range(3):
+            rounds["raw_indexed"].append(sqlite_turns(db, ids, TURNS["sqlite"]))
+            rounds["store_indexed"].append(await store_turns(store, ids, TURNS["sqlite"] // 4))
+            for name, _ in triggers:
+                db.execute(f"DROP TRIGGER {name}")
+            rounds["raw"].append(sqlite_turns(db, ids, TURNS["sqlite"]))
+            rounds["store"].append(await store_turns(store, ids, TURNS["sqlite"] // 4))
+            for _, sql in triggers:
+                db.execute(sql)
     finally:
         await store.close()
-    return report("SQLite", loaded, indexed, without, with_index, times, empty, path.stat().st_size)
+        db.close()
+    turns = {name: statistics.median(values) for name, values in rounds.items()}
+    return report("SQLite", loaded, indexed, turns, times, empty, path.stat().st_size)
 
 
 # ---- PostgreSQL ------------------------------------------------------------------------------------
@@ -214,12 +253,14 @@ async def bench_sqlite(corpus: Corpus, queries: list[str], directory: Path) -> d
 async def postgres_turns(db: asyncpg.Connection, conversation_ids: list[str], turns: int) -> float:
     times = []
     for n in range(turns):
-        opening, finished = turn_rows(conversation_ids[n % len(conversation_ids)])
+        conversation_id = conversation_ids[n % len(conversation_ids)]
+        user, reply = turn_messages()
         started = time.perf_counter()
         async with db.transaction():
-            await db.executemany(postgres.UPSERT_MESSAGE, opening)
+            await db.executemany(postgres.UPSERT_MESSAGE, [user.to_row(conversation_id), reply.to_row(conversation_id)])
+        finish(reply)
         async with db.transaction():
-            await db.execute(postgres.UPSERT_MESSAGE, *finished)
+            await db.execute(postgres.UPSERT_MESSAGE, *reply.to_row(conversation_id))
         times.append((time.perf_counter() - started) * 1000)
     return statistics.median(times)
 
@@ -229,60 +270,72 @@ async def bench_postgres(corpus: Corpus, queries: list[str], url: str) -> dict[s
     await store.open()
     await store.close()
     db = await asyncpg.connect(url)
+    store = PostgresStore(url)
     try:
         await db.execute("SET maintenance_work_mem = '256MB'")
         index = await db.fetchval("SELECT indexdef FROM pg_indexes WHERE indexname = 'messages_words'")
         await db.execute("DROP INDEX messages_words")
+        await db.execute("ALTER TABLE messages DISABLE TRIGGER messages_words")
         started = time.perf_counter()
         columns = ["id", "owner", "title", "model", "system_prompt", "created_at", "updated_at"]
         await db.copy_records_to_table("conversations", records=list(corpus.conversations()), columns=columns)
-        await db.execute("ALTER TABLE messages DISABLE TRIGGER messages_words")
         columns = ["id", "conversation_id", "role", "content", "status", "created_at"]
         await db.copy_records_to_table("messages", records=corpus.messages(), columns=columns)
         loaded = time.perf_counter() - started
-        without = await postgres_turns(db, corpus.conversation_ids, TURNS["postgres"])
         started = time.perf_counter()
         await db.execute("ALTER TABLE messages ENABLE TRIGGER messages_words")
         await db.execute("UPDATE messages SET status = status WHERE status != 'streaming'")  # the migration's way
         await db.execute(index)
-        await db.execute("VACUUM ANALYZE messages")
-        await db.execute("ANALYZE conversations")
+        await db.execute("VACUUM ANALYZE")
         indexed = time.perf_counter() - started
-        with_index = await postgres_turns(db, corpus.conversation_ids, TURNS["postgres"])
+        await store.open()
+        times, empty = await search_times(store, queries)
+        # With and without the index in turns (its trigger enabled, then disabled: the GIN index then
+        # takes an empty entry a row), three rounds each: the machine's load drifts.
+        rounds: dict[str, list[float]] = {"raw": [], "raw_indexed": [], "store": [], "store_indexed": []}
+        ids = corpus.conversation_ids
+        for _ in range(3):
+            rounds["raw_indexed"].append(await postgres_turns(db, ids, TURNS["postgres"]))
+            rounds["store_indexed"].append(await store_turns(store, ids, TURNS["postgres"]))
+            await db.execute("ALTER TABLE messages DISABLE TRIGGER messages_words")
+            rounds["raw"].append(await postgres_turns(db, ids, TURNS["postgres"]))
+            rounds["store"].append(await store_turns(store, ids, TURNS["postgres"]))
+            await db.execute("ALTER TABLE messages ENABLE TRIGGER messages_words")
+        turns = {name: statistics.median(values) for name, values in rounds.items()}
         size = await db.fetchval("SELECT pg_database_size(current_database())")
     finally:
-        await db.close()
-    store = PostgresStore(url)
-    await store.open()
-    try:
-        times, empty = await search_times(store, queries)
-    finally:
         await store.close()
-    return report("PostgreSQL", loaded, indexed, without, with_index, times, empty, size)
+        await db.close()
+    return report("PostgreSQL", loaded, indexed, turns, times, empty, size)
 
 
 def report(
     mode: str,
     loaded: float,
     indexed: float,
-    without: float,
-    with_index: float,
-    times: list[float],
+    turns: dict[str, float],
+    by_query: list[tuple[str, float]],
     empty: int,
     size: int,
 ) -> dict[str, Any]:
+    times = [ms for _, ms, _ in by_query]
+    cpu = [ms for _, _, ms in by_query]
     figures = {
         "mode": mode,
         "load_s": round(loaded, 1),
         "index_build_s": round(indexed, 1),
-        "turn_ms_without_index": round(without, 3),
-        "turn_ms_with_index": round(with_index, 3),
-        "insert_ratio": round(with_index / without, 2),
+        "turn_ms": {name: round(value, 3) for name, value in turns.items()},
+        "insert_ratio_statements": round(turns["raw_indexed"] / turns["raw"], 2),
+        "insert_ratio_store": round(turns["store_indexed"] / turns["store"], 2),
         "search_median_ms": round(statistics.median(times), 2),
         "search_p95_ms": round(percentile(times, 0.95), 2),
         "search_max_ms": round(max(times), 2),
+        "search_cpu_median_ms": round(statistics.median(cpu), 2),
+        "search_cpu_p95_ms": round(percentile(cpu, 0.95), 2),
         "queries": len(times),
         "queries_finding_nothing": empty,
+        "slowest": [(query, round(ms, 1)) for query, ms, _ in sorted(by_query, key=lambda item: -item[1])[:5]],
+        "load_average": os.getloadavg()[0],
         "database_mb": round(size / 1e6),
     }
     print(json.dumps(figures), flush=True)

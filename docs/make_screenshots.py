@@ -85,6 +85,13 @@ def main() -> None:
             expect(versions.locator("#send")).to_have_text("Send", timeout=10_000)
             versions.screenshot(path=OUT / "versions.png")
             versions.context.close()
+            # The conversations above, found again with the palette (Ctrl+K).
+            searching = chat(browser, app, viewport={"width": 1200, "height": 560})
+            searching.keyboard.press("Control+k")
+            searching.keyboard.type("reverse pyth")
+            expect(searching.locator("#palette-results [role=option]")).to_have_count(3)
+            searching.screenshot(path=OUT / "search.png")
+            searching.context.close()
         finally:
             browser.close()
             app.kill()

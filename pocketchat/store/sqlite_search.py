@@ -1,6 +1,7 @@
 """Search in the SQLite file: FTS5 over messages and titles (the tables and triggers of its schema's step
-8), ranked by BM25."""
+8), ranked by BM25 (titles by FTS5's; messages from their text, pocketchat/search.py)."""
 
+import json
 import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -8,15 +9,15 @@ from typing import Any
 from pocketchat.records import MessageHit
 from pocketchat.search import (
     CANDIDATES,
-    MARK_END,
-    MARK_START,
-    SNIPPET_TOKENS,
     Candidates,
     SearchHit,
     SearchQuery,
     assemble,
-    highlighted,
+    bm25_scores,
+    excerpt,
     keys,
+    matches,
+    term_patterns,
 )
 
 
@@ -43,7 +44,7 @@ class SqliteSearch:
         """The owner's conversations that hold every word of the query, best first (see pocketchat/search.py)."""
         if not query.terms:
             return []
-        return await self._read(lambda db: _search(db, owner, match(query), limit))
+        return await self._read(lambda db: _search(db, owner, query, limit))
 
     async def search_messages(self, owner: str, terms: list[str], most: int, leave_out_turn: str) -> list[MessageHit]:
         """The owner's newest messages holding every one of `terms`, leaving out those of the turn
@@ -60,54 +61,49 @@ class SqliteSearch:
         return [MessageHit(*row) for row in rows]
 
 
-def _search(db: sqlite3.Connection, owner: str, words: str, limit: int) -> list[SearchHit]:
-    # One snapshot: the candidates, their scores, snippets and titles are read as of one moment.
+def _search(db: sqlite3.Connection, owner: str, query: SearchQuery, limit: int) -> list[SearchHit]:
+    words = match(query)
+    # One snapshot: the candidates, their text and their conversations' titles are read as of one moment.
     db.execute("BEGIN")
     try:
-        candidates = Candidates()
-        # The owner's newest matches: FTS5 intersects the words with the owner's word, no other user's
-        # row is read. Not ranked here: BM25 of this query would count the owner's word's every row.
-        query = "SELECT rowid FROM messages_text WHERE messages_text MATCH ? ORDER BY rowid DESC LIMIT ?"
-        seqs = [seq for (seq,) in db.execute(query, (owned(owner, words), CANDIDATES))]
-        scored = _over(db, "m.conversation_id, -bm25(messages_text, 1.0, 0.0)", words, seqs)  # FTS5's: lower is better
-        candidates.messages = [(seq, conversation_id, score) for seq, conversation_id, score in scored]
+        # The owner's newest matches: FTS5 intersects the words with the owner's word, and no other user's
+        # row is read. Ranked below, from their text: FTS5's own BM25 would count every row of the
+        # owner's word (its rarity), a read of all the owner's messages at each search.
+        query_rows = "SELECT rowid FROM messages_text WHERE messages_text MATCH ? ORDER BY rowid DESC LIMIT ?"
+        seqs = [seq for (seq,) in db.execute(query_rows, (owned(owner, words), CANDIDATES))]
+        found = db.execute(
+            "SELECT seq, id, conversation_id, role, content FROM messages"
+            " WHERE seq IN (SELECT value FROM json_each(?))",
+            (json.dumps(seqs),),
+        ).fetchall()
         titles = db.execute(
             "SELECT c.id, -bm25(conversations_text) FROM conversations_text JOIN conversations c"
             " ON c.rowid = conversations_text.rowid WHERE conversations_text MATCH ? AND c.owner = ?"
-            " ORDER BY conversations_text.rowid DESC LIMIT ?",
+            " ORDER BY conversations_text.rowid DESC LIMIT ?",  # FTS5's BM25: lower is better
             (words, owner, CANDIDATES),
-        )
-        candidates.titles = dict(titles.fetchall())
-        ranked = candidates.best(limit)
-        snippet = f"snippet(messages_text, 0, '{MARK_START}', '{MARK_END}', '…', {SNIPPET_TOKENS})"
-        snippet = f"m.id, m.role, {snippet}, m.content"
-        snippets = {
-            seq: (message_id, role, *highlighted(marked, content))
-            for seq, message_id, role, marked, content in _over(db, snippet, words, keys(ranked))
-        }
-        ids = [conversation_id for conversation_id, _, _ in ranked]
-        rows = db.execute(
-            "SELECT c.id, c.title, (SELECT highlight(conversations_text, 0, ?, ?) FROM conversations_text"
-            " WHERE conversations_text MATCH ? AND rowid = c.rowid) FROM conversations c"
-            f" WHERE c.owner = ? AND c.id IN ({','.join('?' * len(ids))})",
-            (MARK_START, MARK_END, words, owner, *ids),
-        )
-        shown = {
-            conversation_id: (title, highlighted(marked, title)[1] if marked else [])
-            for conversation_id, title, marked in rows
-        }
+        ).fetchall()
+        ids = {row["conversation_id"] for row in found} | {conversation_id for conversation_id, _ in titles}
+        named = db.execute(
+            "SELECT id, title FROM conversations WHERE owner = ? AND id IN (SELECT value FROM json_each(?))",
+            (owner, json.dumps(sorted(ids))),
+        ).fetchall()
     finally:
         db.rollback()
+    patterns = term_patterns(query)
+    scores = bm25_scores([row["content"] for row in found], patterns)
+    candidates = Candidates(
+        [(row["seq"], row["conversation_id"], score) for row, score in zip(found, scores, strict=True)],
+        dict(titles),
+    )
+    ranked = candidates.best(limit)
+    chosen = set(keys(ranked))
+    snippets = {
+        row["seq"]: (row["id"], row["role"], *excerpt(row["content"], patterns))
+        for row in found
+        if row["seq"] in chosen
+    }
+    shown = {
+        conversation_id: (title, matches(title or "", patterns) if conversation_id in candidates.titles else [])
+        for conversation_id, title in named
+    }
     return assemble(ranked, snippets, shown)
-
-
-def _over(db: sqlite3.Connection, columns: str, words: str, seqs: list[int]) -> list[sqlite3.Row]:
-    """(seq, *columns) of these messages, which match `words`: one pass over the matches between the
-    first and the last of them (`+rowid`: not a lookup each, which would expand a prefix again for each)."""
-    if not seqs:
-        return []
-    return db.execute(
-        f"SELECT t.rowid, {columns} FROM messages_text t JOIN messages m ON m.seq = t.rowid"
-        f" WHERE messages_text MATCH ? AND t.rowid BETWEEN ? AND ? AND +t.rowid IN ({','.join('?' * len(seqs))})",
-        (words, min(seqs), max(seqs), *seqs),
-    ).fetchall()
