@@ -31,6 +31,8 @@ bench: $(VENV)/.dev node_modules/.installed /usr/bin/chromium /usr/sbin/nginx
 	$(PY) -m bench.page_stream
 	$(PY) -m bench.cluster
 	$(PY) -m bench.retrieval
+	$(PY) -m bench.import_conversations
+	$(PY) -m bench.import_conversations --postgres
 
 screenshots: $(VENV)/.dev node_modules/.installed /usr/bin/chromium
 	$(PY) -m docs.make_screenshots
