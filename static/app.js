@@ -16,7 +16,7 @@ const $ = (id) => document.getElementById(id);
 const ui = {
   input: $("input"), send: $("send"), composer: $("composer"), title: $("title"),
   providerNote: $("provider-note"), promptSummary: $("system-prompt-summary"),
-  modelPicker: $("model-picker"), exportLink: $("export"), exportJson: $("export-json"),
+  modelPicker: $("model-picker"), exportLink: $("export"),
   banner: $("banner"), bannerText: $("banner-text"), announcer: $("announcer"),
   list: $("conversation-list"), sidebar: $("sidebar"), toggleSidebar: $("toggle-sidebar"),
   promptDialog: $("system-prompt-dialog"), promptInput: $("system-prompt-input"),
@@ -183,7 +183,7 @@ function showConversation(frame) {
   ui.promptSummary.textContent = frame.system_prompt ? `System prompt: ${frame.system_prompt}` : "No system prompt";
   document.title = frame.title ? `${frame.title} · PocketChat` : "PocketChat";
   ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.md`;
-  ui.exportJson.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.json`;
+  $("export-json").href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.json`;
   fillModelPicker();
   showProvider();
   showImageSight();
