@@ -29,6 +29,8 @@ bench: $(VENV)/.dev node_modules/.installed /usr/bin/chromium /usr/sbin/nginx
 	$(PY) -m bench.local_model
 	$(PY) -m bench.page_long_chat
 	$(PY) -m bench.page_stream
+	$(PY) -m bench.import_conversations
+	$(PY) -m bench.import_conversations --postgres
 	$(PY) -m bench.cluster
 	$(PY) -m bench.retrieval
 	$(PY) -m bench.search

@@ -6,11 +6,12 @@ chats with the fake provider (a reply of 20 chunks, the first at once) turn afte
 then while Alice's import runs. It reports the import's time (checked whole in the child, then
 written in the background) and Bob's first-chunk time, medians and p90, with and without it.
 
-    .venv/bin/python -m bench.import_conversations [--repeat 3] [--database-url postgresql://...]
+    .venv/bin/python -m bench.import_conversations [--repeat 3] [--postgres]
 """
 
 import argparse
 import json
+import os
 import statistics
 import tempfile
 import threading
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from tests.conftest import NO_LIMITS, AppProcess, ChatClient
 from tests.fake_openai import FakeOpenAIThread, Reply
+from tests.services import fresh_database
 from tests.test_documents import call, multipart
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,34 +52,38 @@ def p90(values: list[float]) -> float:
     return ordered[min(int(0.9 * len(ordered)), len(ordered) - 1)]
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, database_url: str | None) -> None:
     data = conversations(args.count)
     with FakeOpenAIThread(Reply(count=20)) as fake, tempfile.TemporaryDirectory() as tmp:
         flags = ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--auth", "header", *NO_LIMITS]
-        if args.database_url:
-            flags += ["--database-url", args.database_url]
+        if database_url:
+            flags += ["--database-url", database_url]
         app = AppProcess(Path(tmp), flags, {"POCKETCHAT_API_KEY": "bench"}).start()
         try:
             bob = app.client(**BOB)
             bob.hello()
             for _ in range(5):
                 first_chunk(bob)  # warm
-            alone = [first_chunk(bob) for _ in range(args.turns)]
-            during: list[float] = []
+            times: dict[str, list[float]] = {"alone": [], "while checked": [], "while written": []}
             checks, imports = [], []
             for _ in range(args.repeat):
+                # Bob alone just before each import: the machine's load drifts, the comparison stays fair.
+                times["alone"] += [first_chunk(bob) for _ in range(args.turns)]
+                phase = ["while checked"]
                 done = threading.Event()
 
-                def chat(done: threading.Event = done) -> None:
+                def chat(done: threading.Event = done, phase: list[str] = phase) -> None:
                     while not done.is_set():
-                        during.append(first_chunk(bob))
+                        took = first_chunk(bob)
+                        times[phase[0]].append(took)
 
                 chatter = threading.Thread(target=chat)
-                chatter.start()
                 body, content_type = multipart("conversations.json", data, "application/json")
+                chatter.start()
                 started = time.perf_counter()
                 status, job = call(app, "POST", "/api/imports", body, **{"Content-Type": content_type, **ALICE})
                 assert status == 202, job
+                phase[0] = "while written"
                 checks.append(time.perf_counter() - started)
                 while job["status"] == "importing":
                     time.sleep(0.02)
@@ -88,12 +94,14 @@ def run(args: argparse.Namespace) -> None:
                 assert job["status"] == "done" and job["imported"] == args.count, job
         finally:
             app.kill()
-    where = "PostgreSQL" if args.database_url else "SQLite"
-    print(f"{args.count} ChatGPT conversations ({len(data) / 1e6:.1f} MB), {where}, {args.repeat} imports:")
+    where = "PostgreSQL" if database_url else "SQLite"
+    load = os.getloadavg()[0]
+    print(f"{args.count} ChatGPT conversations ({len(data) / 1e6:.1f} MB), {where}, {args.repeat} imports", end="")
+    print(f" (load average {load:.1f} on {os.cpu_count()} cores):")
     print(f"  checked (POST answered): median {statistics.median(checks):.2f} s")
     print(f"  imported (all written):  median {statistics.median(imports):.2f} s")
     print("  Bob's first chunk        median     p90   turns")
-    for name, values in (("alone", alone), ("during the import", during)):
+    for name, values in times.items():
         print(f"  {name:<24} {statistics.median(values) * 1000:6.1f} ms {p90(values) * 1000:6.1f} ms {len(values):5d}")
 
 
@@ -101,9 +109,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1000)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--turns", type=int, default=30, help="Bob's turns alone")
-    parser.add_argument("--database-url", help="a PostgreSQL database to import into (default: a SQLite file)")
-    run(parser.parse_args())
+    parser.add_argument("--turns", type=int, default=10, help="Bob's turns alone before each import")
+    parser.add_argument(
+        "--postgres", action="store_true", help="import into a new PostgreSQL database (tests/services.py)"
+    )
+    args = parser.parse_args()
+    if not args.postgres:
+        run(args, None)
+        return
+    with fresh_database() as url:
+        run(args, url)
 
 
 if __name__ == "__main__":

@@ -220,7 +220,7 @@ class Settings(BaseSettings):
         1_000_000_000, ge=0, description="Bytes all of one user's images may take together (0: no limit)."
     )
     limit_import_bytes: int = Field(
-        200_000_000,
+        100_000_000,
         gt=0,
         description="Largest file that can be imported (ChatGPT's conversations.json, or ours), in bytes.",
     )

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import AppProcess
 from tests.fake_openai import Reply
+from tests.test_auth import TOKEN, sign_in
 from tests.test_documents import call, multipart, rows
 
 pytestmark = pytest.mark.parametrize("mode", ["single", "replicas"], indirect=True)
@@ -199,3 +200,14 @@ def test_an_import_is_its_importers_and_never_touches_a_conversation_it_names(st
     assert exported(app, bobs, **BOB) == bobs_export
     assert list(listed(app, **BOB)) == [bobs]
     assert call(app, "GET", f"/api/conversations/{alices}", **BOB)[0] == 404
+
+
+def test_an_import_needs_a_session_and_the_pages_own_origin(request, mode, start_app):
+    app = start_app("--auth", "token", "--token", TOKEN)
+    assert post_import(app, CHATGPT.read_bytes())[0] == 401
+    cookie = sign_in(app)[1]
+    # A form on another site cannot plant conversations in the signed-in user's account.
+    assert post_import(app, CHATGPT.read_bytes(), Cookie=cookie, Origin="http://evil.example")[0] == 403
+    assert stored_counts(request, mode, app) == (0, 0)
+    own = f"http://127.0.0.1:{app.port}"
+    assert post_import(app, CHATGPT.read_bytes(), Cookie=cookie, Origin=own)[0] == 202

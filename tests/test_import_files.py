@@ -66,9 +66,11 @@ def test_chatgpt_text_parts_are_kept_and_what_no_reader_saw_is_dropped_and_count
     # The answer after a tool call is joined to the assistant message it continues.
     assert by_id["a3pre"].content == "Let me look that up.\n\nThat is the Belém Tower."
     assert {m.role for m in lisbon.messages} == {"user", "assistant"}
+    # The model's thoughts become the reasoning of the reply they came before.
+    assert (by_id["a2t"].content, by_id["a2t"].reasoning) == ("Take the train to Sintra.", "Sintra or Cascais")
     assert lisbon.dropped == {
-        "system messages": 1, "hidden messages": 1, "thoughts": 1, "images and files": 1, "tool calls": 1,
-        "tool messages": 1, "replies joined to the one before": 1,
+        "system messages": 1, "hidden messages": 1, "thought summaries": 1, "images and files": 1, "tool calls": 1,
+        "tool messages": 1, "replies joined to the one before": 2,
     }  # fmt: skip
     assert arithmetic.dropped == {"system messages": 1, "empty messages": 1}
     assert {m.id: m.status for m in arithmetic.messages}["r1e"] == "interrupted"  # ChatGPT's in_progress

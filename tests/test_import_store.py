@@ -11,7 +11,7 @@ import pytest
 from pocketchat.settings import Settings
 from pocketchat.store import Store
 from pocketchat.transfer import imports as imports_module
-from pocketchat.transfer.imports import Imports
+from pocketchat.transfer.imports import ImportRunning, Imports
 from pocketchat.transfer.native import to_file
 from pocketchat.transfer.read import parse, read_trees
 from tests.test_store import opened
@@ -107,3 +107,23 @@ def test_an_import_writes_every_conversation_with_the_apps_defaults(store, tmp_p
     assert job.status == "done" and job.imported == count
     assert sorted(record.title or "" for record in listed) == [f"Trip {number}" for number in range(count)]
     assert {record.model for record in listed} == {"default-model"}
+
+
+def test_a_user_runs_one_import_at_a_time_and_another_user_is_not_held_up(store, tmp_path):
+    async def scenario() -> Any:
+        async with opened(store) as db:
+            upload = tmp_path / "upload.json"
+            upload.write_bytes(many(100))
+            imports = Imports(Settings(_cli_parse_args=[]), db, lambda: "m")  # type: ignore[call-arg]
+            with upload.open("rb") as one, upload.open("rb") as two, upload.open("rb") as three:
+                first, second = await asyncio.gather(
+                    imports.start("alice", one), imports.start("alice", two), return_exceptions=True
+                )
+                bobs = await imports.start("bob", three)
+            while "importing" in (first.status, bobs.status):
+                await asyncio.sleep(0.01)
+            return first, second, bobs, imports.job(first.id, "bob")
+
+    first, second, bobs, seen_by_bob = asyncio.run(scenario())
+    assert isinstance(second, ImportRunning)
+    assert first.status == bobs.status == "done" and seen_by_bob is None

@@ -85,6 +85,16 @@ class Store(Protocol):
 
     async def dead_sessions(self, session_ids: list[str]) -> set[str]: ...
 
+    # Import and JSON export (`transfer/`): conversations whole, every branch of their messages.
+
+    def import_conversations(self, owner: str, trees: list[ConversationTree]) -> asyncio.Future[None]:
+        """Write these conversations (new ids) as the owner's, in one transaction; not written again if refused."""
+
+    def delete_imported(self, conversation_ids: list[str]) -> asyncio.Future[None]:
+        """Delete the conversations a failed import wrote."""
+
+    async def conversation_tree(self, conversation_id: str, owner: str) -> ConversationTree | None: ...
+
     # Documents: written through the same queue, behind the conversation's other writes.
 
     def add_document(self, document: DocumentRecord) -> asyncio.Future[Any]: ...
@@ -144,16 +154,6 @@ class Store(Protocol):
     async def search_messages(self, owner: str, terms: list[str], most: int, leave_out_turn: str) -> list[MessageHit]:
         """The owner's newest messages holding every term (by its stem, as `search` matches), but those of
         one turn."""
-
-    # Import and JSON export (`transfer/`): conversations whole, every branch of their messages.
-
-    def import_conversations(self, owner: str, trees: list[ConversationTree]) -> asyncio.Future[None]:
-        """Write these conversations (new ids) as the owner's, in one transaction; not written again if refused."""
-
-    def delete_imported(self, conversation_ids: list[str]) -> asyncio.Future[None]:
-        """Delete the conversations a failed import wrote."""
-
-    async def conversation_tree(self, conversation_id: str, owner: str) -> ConversationTree | None: ...
 
 
 TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered

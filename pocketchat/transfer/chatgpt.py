@@ -4,9 +4,10 @@ A ChatGPT conversation is a `mapping` of nodes `{id, message, parent, children}`
 the last node of the path it shows. Its tree becomes ours, branches and all: the user's and the
 assistant's visible messages are kept with the text of their parts; the rest is left out and counted by
 kind (`dropped`): the system root, hidden messages (custom instructions, the model's context), tool
-calls and their results, the model's thoughts, and the images and files of a message (its text is kept).
-A message left out passes its place in the tree to its children; an assistant message that continues
-another (the answer after a tool call) is joined to it, so that a reply stays one message.
+calls and their results, and the images and files of a message (its text is kept). The model's
+thoughts become its reply's reasoning. A message left out passes its place in the tree to its children;
+an assistant message that continues another (the answer after a tool call or after its thoughts) is
+joined to it, so that a reply stays one message.
 """
 
 from typing import Any
@@ -83,18 +84,15 @@ def _message(data: Any, where: str, created: float, dropped: dict[str, int]) -> 
         return _drop(dropped, "hidden messages")
     if role == "assistant" and data.get("recipient", "all") != "all":
         return _drop(dropped, "tool calls")
-    if kind in ("thoughts", "reasoning_recap"):
-        return _drop(dropped, "thoughts")
-    if kind not in TEXT_TYPES:
+    if kind == "reasoning_recap":  # "Thought for 5 seconds": the thoughts themselves are kept
+        return _drop(dropped, "thought summaries")
+    if kind == "thoughts":
+        body, reasoning = "", _thoughts(content.get("thoughts"), where)
+    elif kind in TEXT_TYPES:
+        body, reasoning = _parts(content.get("parts", []), where, dropped), ""
+    else:
         return _drop(dropped, f"{kind} messages" if isinstance(kind, str) and len(kind) < 40 else "other messages")
-    parts = content.get("parts", [])
-    if not isinstance(parts, list):
-        raise BadFile(f"{where}: `content.parts` must be a list.")
-    texts = [str(text(part, f"{where}: a text part")) for part in parts if isinstance(part, str)]
-    if len(texts) < len(parts):
-        dropped["images and files"] = dropped.get("images and files", 0) + len(parts) - len(texts)
-    body = "\n\n".join(part for part in texts if part.strip())
-    if not body:
+    if not body and not reasoning:
         return _drop(dropped, "empty messages")
     model = metadata.get("model_slug")
     return TreeMessage(
@@ -102,9 +100,30 @@ def _message(data: Any, where: str, created: float, dropped: dict[str, int]) -> 
         parent_id=None,
         role=role,
         content=body,
+        reasoning=reasoning,
         status="complete" if data.get("status") in FINISHED else "interrupted",
         meta={"model": text(model, f"{where}: `model_slug`", limit=200)} if isinstance(model, str) else {},
         created_at=number(data.get("create_time"), f"{where}: `create_time`", optional=True) or created,
+    )
+
+
+def _parts(parts: Any, where: str, dropped: dict[str, int]) -> str:
+    """The text parts of a message, a blank line between them; its other parts (images, files) counted."""
+    if not isinstance(parts, list):
+        raise BadFile(f"{where}: `content.parts` must be a list.")
+    texts = [str(text(part, f"{where}: a text part")) for part in parts if isinstance(part, str)]
+    if len(texts) < len(parts):
+        dropped["images and files"] = dropped.get("images and files", 0) + len(parts) - len(texts)
+    return "\n\n".join(part for part in texts if part.strip())
+
+
+def _thoughts(thoughts: Any, where: str) -> str:
+    """The model's thoughts (its reasoning, as o1 and its successors show it), a blank line between them."""
+    if not isinstance(thoughts, list):
+        raise BadFile(f"{where}: `content.thoughts` must be a list.")
+    texts = [thought.get("content") for thought in thoughts if isinstance(thought, dict)]
+    return "\n\n".join(
+        str(text(part, f"{where}: a thought")) for part in texts if isinstance(part, str) and part.strip()
     )
 
 
@@ -142,7 +161,9 @@ def _kept_tree(
         parent_id = _nearest_kept(node.parent_id, parents, kept)
         parent = became.get(parent_id) if parent_id is not None else None
         if parent is not None and message.role == parent.role == "assistant" and children[parent_id] == 1:
-            parent.content += "\n\n" + message.content
+            parent.content = "\n\n".join(part for part in (parent.content, message.content) if part)
+            parent.reasoning = "\n\n".join(part for part in (parent.reasoning, message.reasoning) if part)
+            parent.meta = parent.meta or message.meta
             parent.status = message.status
             became[node.id] = parent
             continue

@@ -4,8 +4,8 @@ a batch at a time, through the store's one write queue, all or nothing.
 The child (`read.py`) parses and checks the file away from the event loop and this process's memory; a
 bad file is refused before anything is written. The conversations then go in batches, each batch one
 write job (one transaction: a conversation is never half written), each under new ids and the
-importer's name; between batches the writer serves everyone else's writes, so chats go on as usual.
-If a batch fails, the conversations this import wrote are deleted again.
+importer's name, read one at a time on the event loop and paused between: other users' chats go first.
+If a batch fails, or the app stops meanwhile, the conversations this import wrote are deleted again.
 """
 
 import asyncio
@@ -28,8 +28,12 @@ from pocketchat.transfer.tree import BadFile, ConversationTree
 
 logger = logging.getLogger(__name__)
 
-BATCH_MESSAGES = 1_000  # messages written in one job at most (a conversation is never split)
-BATCH_CONVERSATIONS = 50
+BATCH_MESSAGES = 500  # messages written in one job at most (a conversation is never split)
+BATCH_CONVERSATIONS = 25
+# Between batches. Writing an import is CPU work in the app's process (reading lines, building rows); with
+# no pause, a chat's first chunk came twice as late while an import was written on a busy 2-core machine,
+# with this one as early as without an import, for an import about a quarter slower (bench/import_conversations.py).
+PAUSE_SECONDS = 0.1
 KEEP_SECONDS = 3600  # how long a finished import's status can be asked for
 READ_TIMEOUT = 300.0  # seconds the child may take to read a file
 
@@ -127,17 +131,17 @@ class Imports:
         started = time.monotonic()
         try:
             with open(lines, encoding="utf-8") as file:
-                while batch := await asyncio.to_thread(_next_batch, file):
-                    for tree in batch:
-                        tree.model = tree.model or self.default_model()
-                        tree.system_prompt = (
-                            self.settings.system_prompt if tree.system_prompt is None else tree.system_prompt
-                        )
-                    # Counted as written before it lands: a batch in flight when the import fails is undone too.
-                    job.written += [tree.id for tree in batch]
-                    await self.store.import_conversations(job.owner, batch)
-                    job.imported += len(batch)
-                    await asyncio.sleep(0)  # the next batch is queued behind whatever came meanwhile
+                batch: list[ConversationTree] = []
+                for line in file:  # a local file of one conversation a line: each read is short
+                    batch.append(self._tree(line))
+                    if len(batch) == BATCH_CONVERSATIONS or sum(len(tree.messages) for tree in batch) >= BATCH_MESSAGES:
+                        await self._write_batch(job, batch)
+                        batch = []
+                    # One conversation at a time on the event loop, rather than many in a thread: a thread
+                    # busy in Python makes the loop wait for the GIL at every step of every chat.
+                    await asyncio.sleep(0)
+                if batch:
+                    await self._write_batch(job, batch)
         except BaseException as error:  # a shutdown (cancelled) too: none of it stays
             logger.error("import %s failed after %d conversations: %r", job.id[:6], job.imported, error)
             await self._undo(job)  # before it says failed: then none of it is left
@@ -150,6 +154,20 @@ class Imports:
         finally:
             job.ended_at = time.monotonic()
             await asyncio.to_thread(shutil.rmtree, folder, True)
+
+    def _tree(self, line: str) -> ConversationTree:
+        """A conversation of the reader's lines (checked already), under new ids, with the app's defaults."""
+        tree = from_file(json.loads(line), "A conversation").with_new_ids()
+        tree.model = tree.model or self.default_model()
+        tree.system_prompt = self.settings.system_prompt if tree.system_prompt is None else tree.system_prompt
+        return tree
+
+    async def _write_batch(self, job: ImportJob, batch: list[ConversationTree]) -> None:
+        # Counted as written before it lands: a batch in flight when the import fails is undone too.
+        job.written += [tree.id for tree in batch]
+        await self.store.import_conversations(job.owner, batch)
+        job.imported += len(batch)
+        await asyncio.sleep(PAUSE_SECONDS)  # an import is never urgent: the writer serves chats first
 
     async def _undo(self, job: ImportJob) -> None:
         """Delete what the import wrote: none of it stays."""
@@ -178,14 +196,3 @@ def _copy(upload: BinaryIO, path: str) -> None:
     upload.seek(0)
     with open(path, "wb") as file:
         shutil.copyfileobj(upload, file, 1 << 20)
-
-
-def _next_batch(file: Any) -> list[ConversationTree]:
-    """The next conversations of the reader's lines (checked already), under new ids."""
-    batch: list[ConversationTree] = []
-    messages = 0
-    while len(batch) < BATCH_CONVERSATIONS and messages < BATCH_MESSAGES and (line := file.readline()):
-        tree = from_file(json.loads(line), "A conversation").with_new_ids()
-        batch.append(tree)
-        messages += len(tree.messages)
-    return batch

@@ -7,6 +7,7 @@ own format each, and its verdict on stdout. The app then reads OUT a line at a t
 """
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -74,4 +75,5 @@ def main(source: str, out: str) -> int:
 
 
 if __name__ == "__main__":
+    os.nice(10)  # reading a file is never urgent: the app's chats get the CPU first
     sys.exit(main(sys.argv[1], sys.argv[2]))

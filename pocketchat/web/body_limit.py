@@ -48,7 +48,7 @@ class BodyLimit:
         app: ASGIApp,
         upload_bytes: int = 20_000_000,
         image_bytes: int = 10_000_000,
-        import_bytes: int = 200_000_000,
+        import_bytes: int = 100_000_000,
     ) -> None:
         self.app = app
         # The largest file of each kind, and its framing.
