@@ -28,13 +28,11 @@ import tempfile
 import time
 from pathlib import Path
 
-import aiohttp
-import psutil
 import redis.asyncio as aioredis
 import uvloop
 import websockets
 
-from bench.load import EXPECTED, PACE_MS, TOKENS, Run, summarize
+from bench.load import EXPECTED, HIGH_LIMITS, PACE_MS, TOKENS, Run, cpu_seconds, direct, summarize
 from pocketchat.cluster.produced_log import Copier, ProducedLog
 from pocketchat.cluster.redis_link import RedisLink
 from tests.cluster import TOKEN, Nginx, sign_in, start_replica
@@ -42,40 +40,6 @@ from tests.conftest import ROOT, AppProcess
 from tests.services import REDIS_URL, free_port, fresh_database, fresh_redis_prefix
 
 SETUP_SECONDS = 30  # a hello unanswered this long stops the benchmark, saying where
-# Every limit checked and counted, as by default, but too high to refuse the bench's one user its
-# 600 sockets and 300 conversations at once.
-HIGH_LIMITS = [
-    *("--limit-running-turns", "100000", "--limit-messages-per-minute", "100000"),
-    *("--limit-sockets", "100000", "--limit-conversations-per-minute", "100000"),
-    *("--limit-hellos-per-minute", "100000", "--limit-changes-per-minute", "100000"),
-]
-
-
-def cpu_seconds(pids: list[int]) -> float:
-    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
-
-
-async def direct(fake_url: str, n: int) -> Run:
-    """The leanest read: aiohttp, the SSE lines parsed by hand."""
-    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
-    # No connection limit: aiohttp's default of 100 would read 300 replies in three waves.
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
-
-        async def one() -> tuple[float | None, int, bool]:
-            start, first, text = time.perf_counter(), None, []
-            async with session.post(f"{fake_url}/chat/completions", json=body) as response:
-                async for line in response.content:
-                    if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                        continue
-                    choices = json.loads(line[6:])["choices"]
-                    if choices and (piece := choices[0]["delta"].get("content")):
-                        first = first or time.perf_counter() - start
-                        text.append(piece)
-            return first, len(text), "".join(text) == EXPECTED
-
-        start = time.perf_counter()
-        results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
-        return summarize(results, time.perf_counter() - start)
 
 
 async def follow(ws: websockets.ClientConnection, start: float | None, hello: dict) -> tuple[float | None, int, str]:

@@ -1,20 +1,33 @@
-"""Load benchmark: concurrent conversations through the whole app, against the fake provider read
-directly with the openai SDK (the baseline), in the same run.
+"""Load benchmark: PocketChat against reading the provider directly, in the same run.
 
-The fake streams 100 chunks 20 ms apart. For 1, 100 and 300 concurrent conversations it measures
-time to first chunk (p50, p99), wall time and chunks/s, checks that every reply arrived complete and
-in order, and prints app/baseline ratios (medians over the repetitions). Two baselines: `sdk` reads
-the plain way, with the SDK's default client and chat.completions.create() (a pydantic object per
-chunk); `provider` reads through the app's own OpenAIProvider (the SDK on its aiohttp transport,
-plain dicts), so the ratio to it is the cost of everything the app adds, and it is the stricter one.
+Each measure runs the whole app (WebSocket client → app → fake provider) with sign-in on (a session
+cookie), every per-user limit on (set too high to refuse the bench's one user) and metrics on, and
+against it, in the bench's own process, the leanest read of the same fake:
 
-    .venv/bin/python -m bench.load [--levels 1,100,300] [--repeat 3]
+- `direct`: aiohttp reading the fake's SSE lines, parsed by hand (no SDK, no app): the limit;
+- `sdk` (not with --quick): the openai SDK the plain way, `chat.completions.create()`;
+- `provider` (not with --quick): the app's own `OpenAIProvider.open_stream`, without the app.
+
+Three measures:
+
+- burst: N conversations at once (default 100 and 300), the fake streaming 100 chunks 20 ms apart;
+  each client has said hello and sends one message. Time to first chunk (p50, p99), wall, chunks/s,
+  failures (every reply checked complete and in order), the app's CPU per chunk delivered;
+- stream: one reply of 5,000 chunks with no pacing: chunks/s and the app's CPU per chunk;
+- turns: 300 conversations at once whose replies are one chunk: the app's CPU per turn started.
+
+CPU is the app process's user+system time across the measure (psutil). It prints medians of the
+repetitions with their spread (min-max), the ratios app/direct against issue 21's targets, and
+checks the CPU budgets: it exits 1 when a median is over budget or any reply failed.
+
+    .venv/bin/python -m bench.load [--quick] [--levels 100,300] [--repeat 3]
 """
 
 import argparse
 import asyncio
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -25,17 +38,38 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import aiohttp
 import openai
+import psutil
 import uvloop
 import websockets
 
 from pocketchat.providers.openai_compatible import OpenAIProvider
-from tests.conftest import NO_LIMITS, AppProcess, free_port
+from tests.cluster import TOKEN, sign_in
+from tests.conftest import AppProcess, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 100
 PACE_MS = 20
 EXPECTED = "".join(f"tok{i} " for i in range(1, TOKENS + 1))
+STREAM_TOKENS = 5000
+TURNS = 300
+# Every limit checked and counted, as by default, but too high to refuse the bench's one user its
+# sockets and conversations at once.
+HIGH_LIMITS = [
+    *("--limit-running-turns", "100000", "--limit-messages-per-minute", "100000"),
+    *("--limit-sockets", "100000", "--limit-conversations-per-minute", "100000"),
+    *("--limit-hellos-per-minute", "100000", "--limit-changes-per-minute", "100000"),
+]
+# The app's CPU budgets (README, Benchmarks): per chunk delivered in the 5,000-chunk stream, and per
+# turn started in the burst of one-chunk turns, set a little above what the code measures (on a busy
+# 2-core machine) so that a change that costs more fails the run. A median over either fails it.
+BUDGET_US_PER_CHUNK = 40.0
+BUDGET_US_PER_TURN = 8000.0
+
+
+def expected(tokens: int) -> str:
+    return "".join(f"tok{i} " for i in range(1, tokens + 1))
 
 
 @dataclass
@@ -44,12 +78,30 @@ class Run:
     wall: float
     chunks: int
     failures: int
-    cpu: float = 0.0  # seconds of the app processes' CPU, where measured (bench/cluster.py)
+    cpu: float = 0.0  # seconds of CPU of the processes that did the work (the app's, or the bench's for direct)
     why: list[str] = field(default_factory=list)  # what went wrong, one line per failed conversation
 
     def p(self, q: float) -> float:
         ordered = sorted(self.ttfts)
         return ordered[min(int(q * len(ordered)), len(ordered) - 1)] * 1000 if ordered else float("nan")
+
+    @property
+    def rate(self) -> float:
+        return self.chunks / self.wall
+
+    @property
+    def cpu_us_per_chunk(self) -> float:
+        return self.cpu / self.chunks * 1e6 if self.chunks else float("nan")
+
+
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU time of processes `pids` so far."""
+    return sum(sum(psutil.Process(pid).cpu_times()[:2]) for pid in pids)
+
+
+def own_cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 def wait_http(url: str) -> None:
@@ -62,6 +114,31 @@ def wait_http(url: str) -> None:
                 return
             time.sleep(0.1)
     raise RuntimeError(f"{url} did not come up")
+
+
+async def direct(fake_url: str, n: int, tokens: int = TOKENS) -> Run:
+    """The leanest read: aiohttp, the SSE lines parsed by hand. Its CPU is the bench process's own."""
+    body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    want = expected(tokens)
+    # No connection limit: aiohttp's default of 100 would read 300 replies in three waves.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+
+        async def one() -> tuple[float | None, int, bool]:
+            start, first, text = time.perf_counter(), None, []
+            async with session.post(f"{fake_url}/chat/completions", json=body) as response:
+                async for line in response.content:
+                    if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                        continue
+                    choices = json.loads(line[6:])["choices"]
+                    if choices and (piece := choices[0]["delta"].get("content")):
+                        first = first or time.perf_counter() - start
+                        text.append(piece)
+            return first, len(text), "".join(text) == want
+
+        cpu = own_cpu_seconds()
+        start = time.perf_counter()
+        results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+        return summarize(results, time.perf_counter() - start, own_cpu_seconds() - cpu)
 
 
 async def sdk_baseline(fake_url: str, n: int) -> Run:
@@ -105,39 +182,58 @@ async def collect(start: float, pieces: AsyncIterator[str | None]) -> tuple[floa
 
 
 async def timed(n: int, one: Callable[[], Awaitable[tuple[float | None, int, bool]]]) -> Run:
+    cpu = own_cpu_seconds()
     start = time.perf_counter()
     results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
-    return summarize(results, time.perf_counter() - start)
+    return summarize(results, time.perf_counter() - start, own_cpu_seconds() - cpu)
 
 
-async def through_app(ws_url: str, n: int) -> Run:
-    sockets = [await websockets.connect(ws_url, max_size=None) for _ in range(n)]
+@dataclass
+class App:
+    """An app process to measure: where its socket is, the cookie that signs in, its pid."""
+
+    ws_url: str
+    cookie: str
+    pid: int
+
+
+async def through_app(app: App, n: int, tokens: int = TOKENS) -> Run:
+    """n conversations at once, each on a socket that said hello first; the app's CPU is measured
+    from the first message to the last turn_end."""
+    headers = {"Cookie": app.cookie}
+    sockets = [await websockets.connect(app.ws_url, max_size=None, additional_headers=headers) for _ in range(n)]
     for ws in sockets:
         await ws.send('{"type":"hello"}')
         while json.loads(await ws.recv())["type"] != "ready":
             pass
+    want = expected(tokens)
 
-    async def one(ws: websockets.ClientConnection) -> tuple[float | None, int, bool]:
+    async def one(ws: websockets.ClientConnection) -> tuple[float | None, int, bool, str]:
         start = time.perf_counter()
         await ws.send('{"type":"message","content":"hi"}')
-        first, text, seqs = None, [], []
+        first, text, seqs, errors = None, [], [], []
         while True:
             frame = json.loads(await ws.recv())
             if frame["type"] == "chunk":
                 first = first or time.perf_counter() - start
                 text.append(frame["content"])
                 seqs.append(frame["seq"])
-            elif frame["type"] == "turn_end":
-                ok = frame["status"] == "complete" and seqs == list(range(1, TOKENS + 1))
-                return first, len(seqs), ok and "".join(text) == EXPECTED
             elif frame["type"] == "error":
-                return first, len(seqs), False
+                errors.append(frame["code"])
+                if "turn_id" not in frame:  # the message was refused: no turn, no turn_end
+                    return first, len(seqs), False, f"message refused: {frame['code']}"
+            elif frame["type"] == "turn_end":
+                ok = frame["status"] == "complete" and not errors and seqs == list(range(1, tokens + 1))
+                ok = ok and "".join(text) == want
+                return first, len(seqs), ok, f"{len(seqs)} chunks, turn_end {frame['status']}, errors {errors}"
 
+    cpu = cpu_seconds([app.pid])
     start = time.perf_counter()
     results = await asyncio.gather(*(one(ws) for ws in sockets), return_exceptions=True)
     wall = time.perf_counter() - start
+    cpu = cpu_seconds([app.pid]) - cpu
     await asyncio.gather(*(ws.close() for ws in sockets))
-    return summarize(results, wall)
+    return summarize(results, wall, cpu)
 
 
 def summarize(results: list, wall: float, cpu: float = 0.0) -> Run:
@@ -154,82 +250,151 @@ def summarize(results: list, wall: float, cpu: float = 0.0) -> Run:
     return Run(ttfts, wall, chunks, len(why), cpu, why)
 
 
-async def measure(levels: list[int], repeat: int, fake_url: str, ws_url: str) -> None:
-    provider = OpenAIProvider(fake_url, "bench", "fake-model", idle_limit=30.0)
-    print(f"fake provider: {TOKENS} chunks, {PACE_MS} ms apart; {repeat} repetitions, medians\n")
-    header = f"{'conv':>5} {'who':>9} {'p50 ttft':>9} {'p99 ttft':>9} {'wall s':>7} {'chunks/s':>9} {'failed':>6}"
-    print(header)
-    summary = []
+def spread(values: list[float], form: str) -> str:
+    """The median, and the runs' spread: `median (min-max)`."""
+    return f"{format(statistics.median(values), form)} ({format(min(values), form)}-{format(max(values), form)})"
+
+
+def median(runs: list[Run], what: Callable[[Run], float]) -> float:
+    return statistics.median(what(r) for r in runs)
+
+
+def show(label: str, runs: list[Run]) -> None:
+    print(
+        f"{label:>14}  p50 {spread([r.p(0.5) for r in runs], '.0f'):>17} ms"
+        f"  p99 {spread([r.p(0.99) for r in runs], '.0f'):>17} ms"
+        f"  wall {spread([r.wall for r in runs], '.2f'):>18} s"
+        f"  {spread([r.rate for r in runs], '.0f'):>21} chunks/s"
+        f"  cpu {spread([r.cpu_us_per_chunk for r in runs], '.0f'):>14} us/chunk"
+        f"  failed {sum(r.failures for r in runs)}"
+    )
+
+
+@dataclass
+class Fakes:
+    """The fake providers' URLs: the paced one of the bursts, the unpaced long one, the one-chunk one."""
+
+    burst: str
+    stream: str
+    turns: str
+
+
+async def measure(levels: list[int], repeat: int, quick: bool, fakes: Fakes, apps: dict[str, App]) -> bool:
+    """Run every measure; whether every reply arrived whole and the CPU stayed within budget."""
+    provider = OpenAIProvider(fakes.burst, "bench", "fake-model", idle_limit=30.0)
+    runs: dict[tuple[str, int], list[Run]] = {}
+    who = ["direct", "app"] if quick else ["direct", "sdk", "provider", "app"]
+    print(f"burst: {TOKENS} chunks {PACE_MS} ms apart; {repeat} runs, median (min-max) of the runs")
     for n in levels:
-        runs: dict[str, list[Run]] = {"sdk": [], "provider": [], "app": []}
         for _ in range(repeat):
-            runs["sdk"].append(await sdk_baseline(fake_url, n))
-            runs["provider"].append(await provider_baseline(provider, n))
-            runs["app"].append(await through_app(ws_url, n))
-        medians = {}
-        for who, rs in runs.items():
-            m = {
-                "p50": statistics.median(r.p(0.5) for r in rs),
-                "p99": statistics.median(r.p(0.99) for r in rs),
-                "wall": statistics.median(r.wall for r in rs),
-                "rate": statistics.median(r.chunks / r.wall for r in rs),
-                "failed": sum(r.failures for r in rs),
-            }
-            medians[who] = m
-            print(
-                f"{n:>5} {who:>9} {m['p50']:>7.1f}ms {m['p99']:>7.1f}ms {m['wall']:>7.2f}"
-                f" {m['rate']:>9.0f} {m['failed']:>6}"
-            )
-        summary.append((n, medians))
+            for name in who:
+                if name == "direct":
+                    run = await direct(fakes.burst, n)
+                elif name == "sdk":
+                    run = await sdk_baseline(fakes.burst, n)
+                elif name == "provider":
+                    run = await provider_baseline(provider, n)
+                else:
+                    run = await through_app(apps["burst"], n)
+                runs.setdefault((name, n), []).append(run)
+        for name in who:
+            show(f"{n} {name}", runs[(name, n)])
     await provider.aclose()
-    print("\nratios app/baseline (lower is better; target at 300: p99 ttft <= 2.0, wall <= 1.3, no failure)")
-    for baseline_name in ("sdk", "provider"):
-        for n, m in summary:
-            app, base = m["app"], m[baseline_name]
-            print(
-                f"vs {baseline_name:>8}, {n:>3} conversations: p50 ttft x{app['p50'] / base['p50']:.2f},"
-                f" p99 ttft x{app['p99'] / base['p99']:.2f}, wall x{app['wall'] / base['wall']:.2f},"
-                f" failures {app['failed']}"
-            )
+
+    print(f"\nstream: one reply of {STREAM_TOKENS} chunks, unpaced")
+    streams: dict[str, list[Run]] = {"direct": [], "app": []}
+    for _ in range(repeat):
+        streams["direct"].append(await direct(fakes.stream, 1, STREAM_TOKENS))
+        streams["app"].append(await through_app(apps["stream"], 1, STREAM_TOKENS))
+    for name, rs in streams.items():
+        show(f"stream {name}", rs)
+
+    print(f"\nturns: {TURNS} conversations at once, one-chunk replies")
+    turns: dict[str, list[Run]] = {"direct": [], "app": []}
+    for _ in range(repeat):
+        turns["direct"].append(await direct(fakes.turns, TURNS, 1))
+        turns["app"].append(await through_app(apps["turns"], TURNS, 1))
+    for name, rs in turns.items():
+        show(f"turns {name}", rs)
+        print(f"{'':>14}  cpu {spread([r.cpu / TURNS * 1e6 for r in rs], '.0f')} us/turn")
+
+    print("\napp/direct, medians (issue 21's targets in brackets):")
+    for n in levels:
+        app, lean = runs[("app", n)], runs[("direct", n)]
+        print(
+            f"  {n} at once: wall x{median(app, lambda r: r.wall) / median(lean, lambda r: r.wall):.2f} [<= 1.3],"
+            f" p99 first chunk x{median(app, lambda r: r.p(0.99)) / median(lean, lambda r: r.p(0.99)):.2f} [<= 2],"
+            f" failures {sum(r.failures for r in app)} [0]"
+        )
+        if not quick:
+            for base in ("sdk", "provider"):
+                other = runs[(base, n)]
+                wall = median(app, lambda r: r.wall) / median(other, lambda r: r.wall)
+                p99 = median(app, lambda r: r.p(0.99)) / median(other, lambda r: r.p(0.99))
+                print(f"  {n} at once vs {base}: wall x{wall:.2f}, p99 first chunk x{p99:.2f}")
+    stream_ratio = median(streams["app"], lambda r: r.rate) / median(streams["direct"], lambda r: r.rate)
+    print(f"  one stream: chunks/s x{stream_ratio:.2f} [>= 0.5]")
+
+    per_chunk = median(streams["app"], lambda r: r.cpu_us_per_chunk)
+    per_turn = median(turns["app"], lambda r: r.cpu / TURNS * 1e6)
+    print(
+        f"\nCPU budget: {per_chunk:.0f} us per chunk (budget {BUDGET_US_PER_CHUNK:.0f}),"
+        f" {per_turn:.0f} us per turn started (budget {BUDGET_US_PER_TURN:.0f})"
+    )
+    failed = [why for rs in (*runs.values(), *streams.values(), *turns.values()) for r in rs for why in r.why]
+    for line in failed[:10]:
+        print("failed:", line)
+    within = per_chunk <= BUDGET_US_PER_CHUNK and per_turn <= BUDGET_US_PER_TURN
+    if not within:
+        print("OVER BUDGET")
+    return within and not failed
+
+
+def start_fake(port: int, tokens: int, pace_ms: float) -> subprocess.Popen[bytes]:
+    args = ["--port", str(port), "--tokens", str(tokens), "--pace-ms", str(pace_ms)]
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.fake_openai", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--levels", default="1,100,300")
+    parser.add_argument("--levels", default=None, help="conversations at once, comma-separated (default 100,300)")
     parser.add_argument("--repeat", type=int, default=3)
+    quick = "300 at once only, and the direct read as the one baseline"
+    parser.add_argument("--quick", action="store_true", help=quick)
     args = parser.parse_args()
-    fake_port = free_port()
-    fake_url = f"http://127.0.0.1:{fake_port}/v1"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    levels = [int(level) for level in (args.levels or ("300" if args.quick else "100,300")).split(",")]
+    shapes = {"burst": (TOKENS, PACE_MS), "stream": (STREAM_TOKENS, 0), "turns": (1, 0)}
+    ports = {name: free_port() for name in shapes}
+    urls = {name: f"http://127.0.0.1:{port}/v1" for name, port in ports.items()}
+    fakes = [start_fake(ports[name], *shape) for name, shape in shapes.items()]
+    processes: list[AppProcess] = []
     with tempfile.TemporaryDirectory() as tmp:
-        fake = subprocess.Popen(
-            [sys.executable, "-m", "tests.fake_openai", "--port", str(fake_port), "--tokens", str(TOKENS),
-             "--pace-ms", str(PACE_MS)],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-        )  # fmt: skip
-        app = AppProcess(
-            Path(tmp),
-            [
-                "--base-url",
-                fake_url,
-                "--api-key",
-                "bench",
-                "--model",
-                "fake-model",
-                "--log-level",
-                "warning",
-                *NO_LIMITS,
-            ],
-        )
         try:
-            wait_http(f"{fake_url}/models")
-            app.start()
-            levels = [int(level) for level in args.levels.split(",")]
-            uvloop.run(measure(levels, args.repeat, fake_url, app.ws_url))
+            apps = {}
+            for name, url in urls.items():
+                wait_http(f"{url}/models")
+                (Path(tmp) / name).mkdir()
+                process = AppProcess(
+                    Path(tmp) / name,
+                    ["--base-url", url, "--api-key", "bench", "--model", "fake-model", "--log-level", "warning",
+                     "--auth", "token", *HIGH_LIMITS],
+                    {"POCKETCHAT_TOKEN": TOKEN},
+                )  # fmt: skip
+                processes.append(process.start())
+                apps[name] = App(process.ws_url, sign_in(process.url), process.process.pid)
+            ok = uvloop.run(measure(levels, args.repeat, args.quick, Fakes(**urls), apps))
         finally:
-            app.stop()
-            fake.terminate()
-            fake.wait()
+            for process in processes:
+                process.stop()
+            for fake in fakes:
+                fake.terminate()
+                fake.wait()
+    sys.exit(0 if ok else 1)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import json
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
+import orjson
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -165,11 +166,9 @@ def parse_client_frame(message: Mapping[str, Any], max_bytes: int) -> ClientFram
     if len(text) > max_bytes or len(text.encode()) > max_bytes:
         raise TooLarge(f"Frame is over the {max_bytes}-byte limit.")
     try:
-        data = json.loads(text)
-    except ValueError:
-        raise BadFrame("Frame is not valid JSON.") from None
-    except RecursionError:  # [[[[...]]]] nested deeper than the parser's stack
-        raise BadFrame("Frame is nested too deeply.") from None
+        data = orjson.loads(text)
+    except orjson.JSONDecodeError:
+        data = _loads_slowly(text)
     if not isinstance(data, dict):
         raise BadFrame("Frame must be a JSON object.")
     if data.get("type") not in CLIENT_FRAME_TYPES:
@@ -186,9 +185,25 @@ def parse_client_frame(message: Mapping[str, Any], max_bytes: int) -> ClientFram
         raise BadFrame(f"'{where}': {message}.") from None
 
 
-def encode(frame: dict[str, Any]) -> str:
-    """One frame as the text sent on the wire."""
-    return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
+def _loads_slowly(text: str) -> Any:
+    """A frame orjson refused, read by the json module: it reads what orjson does not (the escape of a
+    lone surrogate, which the frame's checks then refuse by name; NaN) and says why the rest fails."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise BadFrame("Frame is not valid JSON.") from None
+    except RecursionError:  # [[[[...]]]] nested deeper than the parser's stack
+        raise BadFrame("Frame is nested too deeply.") from None
+
+
+def encode(frame: Any) -> str:
+    """One frame (or part of one) as the text sent on the wire: compact JSON, text as it is, not escaped.
+    orjson encodes it in a fraction of the json module's time; what orjson refuses (an integer over 64
+    bits in a client tool's result, a lone surrogate) the json module encodes, or refuses, as before."""
+    try:
+        return orjson.dumps(frame, option=orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        return json.dumps(frame, ensure_ascii=False, separators=(",", ":"))
 
 
 def ready(

@@ -4,14 +4,14 @@ import asyncio
 import functools
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 
 import httpx2
 import openai
 import pytest
 
 from pocketchat.errors import ProviderError
-from pocketchat.providers.openai_compatible import OpenAIProvider
+from pocketchat.providers.openai_compatible import OpenAIProvider, _chunks
 from tests.fake_openai import Reply
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -121,3 +121,32 @@ def test_a_refused_connection_says_why():
         "Could not reach the provider at http://127.0.0.1:9/v1/: [Errno 111] Connect call failed"
     )
     assert seconds < 5
+
+
+def read_events(*pieces: bytes) -> list[object]:
+    """The chunks the provider's SSE reader gets from a response body that arrives in `pieces`."""
+
+    async def body() -> AsyncIterator[bytes]:
+        for piece in pieces:
+            yield piece
+
+    async def read() -> list[object]:
+        response = httpx2.Response(200, content=body(), request=httpx2.Request("POST", "http://provider/v1"))
+        return [chunk async for chunk in _chunks(response)]
+
+    return asyncio.run(read())
+
+
+def test_the_sse_reader_reads_events_however_the_network_cuts_them():
+    # An event split across reads, CRLF line ends, a comment, an `event` line, data on two lines,
+    # and what follows [DONE] read to the end but not yielded.
+    assert read_events(
+        b'data: {"a"',
+        b': 1}\n\n: keep-alive\r\n\r\nevent: x\r\ndata: {"b":\r\ndata: 2}\r\n\r\n',
+        b'data:{"c": "\\ud83d"}\n\ndata: [DONE]\n\ndata: {"d": 4}\n\n',
+    ) == [{"a": 1}, {"b": 2}, {"c": "\ud83d"}]
+
+
+def test_an_error_event_in_the_stream_is_the_providers_error():
+    with pytest.raises(openai.APIError, match="overloaded"):
+        read_events(b'data: {"choices": []}\n\ndata: {"error": {"message": "overloaded"}}\n\n')
