@@ -131,9 +131,11 @@ def with_images(messages: list[Message], images: Iterable[ImageRecord]) -> list[
 
 
 # The fields of a conversation's record that can be changed (PATCH), each written on its own.
-RECORD_FIELDS = ("title", "model", "system_prompt", "tools_off")
-CONVERSATION_COLUMNS = ("id", "owner", "title", "model", "system_prompt", "created_at", "updated_at", "tools_off")
-JSON_COLUMNS = ("tools_off",)  # kept as JSON text in both databases
+RECORD_FIELDS = ("title", "model", "system_prompt", "tools_off", "sampling")
+CONVERSATION_COLUMNS = (
+    "id", "owner", "title", "model", "system_prompt", "created_at", "updated_at", "tools_off", "sampling",
+)  # fmt: skip
+JSON_COLUMNS = ("tools_off", "sampling")  # kept as JSON text in both databases
 
 
 @dataclass
@@ -147,6 +149,9 @@ class ConversationRecord:
     updated_at: float = field(default_factory=time.time)
     # The tool sources turned off in this conversation: "builtin", or an MCP server's name.
     tools_off: list[str] = field(default_factory=list)
+    # The conversation's own `temperature`, `top_p` and `max_tokens`: only those set (the provider's
+    # default for the others, which are not sent).
+    sampling: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "ConversationRecord":
@@ -169,6 +174,7 @@ class ConversationRecord:
             "model": self.model,
             "system_prompt": self.system_prompt,
             "tools_off": self.tools_off,
+            "sampling": self.sampling,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }

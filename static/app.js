@@ -4,6 +4,7 @@ import { Connection } from "./connection.js";
 import { Documents } from "./documents.js";
 import { ImageTray, isImage } from "./images.js";
 import { copyCode } from "./markdown.js";
+import { readSampling, samplingSummary, showSampling } from "./sampling.js";
 import { ToolsPanel } from "./tools.js";
 import { Transcript } from "./transcript.js";
 import { acceptFiles } from "./uploads.js";
@@ -176,9 +177,13 @@ function onFrame(frame) {
 // ---- what the page shows ------------------------------------------------------------------
 
 function showConversation(frame) {
-  state.conversation = { title: frame.title, model: frame.model, system_prompt: frame.system_prompt };
+  state.conversation = {
+    title: frame.title, model: frame.model, system_prompt: frame.system_prompt, sampling: frame.sampling,
+  };
   ui.title.textContent = frame.title || "New chat";
-  ui.promptSummary.textContent = frame.system_prompt ? `System prompt: ${frame.system_prompt}` : "No system prompt";
+  const sampling = samplingSummary(frame.sampling);
+  ui.promptSummary.textContent = (frame.system_prompt ? `System prompt: ${frame.system_prompt}` : "No system prompt") +
+    (sampling ? ` · ${sampling}` : "");
   document.title = frame.title ? `${frame.title} · PocketChat` : "PocketChat";
   ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.md`;
   fillModelPicker();
@@ -458,10 +463,13 @@ $("transcript").addEventListener("click", (event) => {
 ui.modelPicker.addEventListener("change", () => changeConversation({ model: ui.modelPicker.value }));
 $("system-prompt-button").addEventListener("click", () => {
   ui.promptInput.value = state.conversation?.system_prompt ?? "";
+  showSampling(ui.promptInput.form, state.conversation?.sampling);
+  ui.promptDialog.returnValue = ""; // Escape closes it without one: not the last Save's again
   ui.promptDialog.showModal();
 });
 ui.promptDialog.addEventListener("close", () => {
-  if (ui.promptDialog.returnValue === "save") changeConversation({ system_prompt: ui.promptInput.value });
+  if (ui.promptDialog.returnValue !== "save") return;
+  changeConversation({ system_prompt: ui.promptInput.value, sampling: readSampling(ui.promptInput.form) });
 });
 document.addEventListener("keydown", (event) => {
   // Escape stops a streaming reply from anywhere on the page (unless a dialog or editor takes it).

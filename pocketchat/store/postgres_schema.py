@@ -127,6 +127,10 @@ CREATE INDEX images_by_owner ON images (owner);
     """
 ALTER TABLE conversations ADD COLUMN tools_off TEXT NOT NULL DEFAULT '[]';
 """,
+    # Per-conversation sampling (SQLite's step 8): its temperature, top_p and max_tokens, as JSON text.
+    """
+ALTER TABLE conversations ADD COLUMN sampling TEXT NOT NULL DEFAULT '{}';
+""",
 ]
 
 

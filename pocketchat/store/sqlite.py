@@ -71,7 +71,8 @@ def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> 
         # OR IGNORE: with replicas, two may each store a new conversation they both had in memory.
         # Never one that was deleted.
         f"INSERT OR IGNORE INTO conversations ({', '.join(CONVERSATION_COLUMNS)})"
-        " SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = ?)",
+        f" SELECT {', '.join('?' * len(CONVERSATION_COLUMNS))}"
+        " WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = ?)",
         (*record.to_row(), record.id),
     )
 

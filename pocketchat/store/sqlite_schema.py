@@ -124,6 +124,10 @@ CREATE INDEX images_by_owner ON images(owner);
     """
 ALTER TABLE conversations ADD COLUMN tools_off TEXT NOT NULL DEFAULT '[]';
 """,
+    # Per-conversation sampling: the temperature, top_p and max_tokens it set (JSON: an object; none before).
+    """
+ALTER TABLE conversations ADD COLUMN sampling TEXT NOT NULL DEFAULT '{}';
+""",
 ]
 
 
