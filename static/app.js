@@ -5,6 +5,7 @@ import { Documents } from "./documents.js";
 import { ImageTray, isImage } from "./images.js";
 import { copyCode } from "./markdown.js";
 import { readSampling, samplingSummary, showSampling } from "./sampling.js";
+import { SharePanel } from "./share.js";
 import { ToolsPanel } from "./tools.js";
 import { Transcript } from "./transcript.js";
 import { acceptFiles } from "./uploads.js";
@@ -38,6 +39,7 @@ const documents = new Documents($("documents"), (text) => showNotice(text), sign
 const images = new ImageTray($("images"), $("images-note"), (text) => showNotice(text), signIn);
 const connection = new Connection(onFrame, helloFrame, showConnection, signIn);
 const tools = new ToolsPanel($("tools-button"), $("tools-dialog"), (off) => changeConversation({ tools_off: off }));
+new SharePanel($("share-button"), $("share-dialog"), () => state.conversationId, signIn);
 
 /** Not signed in (no session, or it was revoked): the sign-in page. */
 function signIn() {

@@ -36,6 +36,7 @@ from pocketchat.store.postgres_connection import (
     may_pass,
 )
 from pocketchat.store.postgres_schema import START_TIMEOUT, migrate
+from pocketchat.store.postgres_shares import PostgresShares
 from pocketchat.store.queued import QueuedStore, Row
 
 logger = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecor
     )
 
 
-class PostgresStore(PostgresAttachments, QueuedStore[WriteConnection]):
+class PostgresStore(PostgresShares, PostgresAttachments, QueuedStore[WriteConnection]):
     """The store in PostgreSQL: shared by every replica that names the same database."""
 
     def __init__(self, url: str) -> None:

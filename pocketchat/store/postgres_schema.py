@@ -131,6 +131,18 @@ ALTER TABLE conversations ADD COLUMN tools_off TEXT NOT NULL DEFAULT '[]';
     """
 ALTER TABLE conversations ADD COLUMN sampling TEXT NOT NULL DEFAULT '{}';
 """,
+    # Share links (SQLite's step 9): a conversation's snapshot under the hash of its link's token.
+    """
+CREATE TABLE shares (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    owner TEXT NOT NULL,
+    token_hash TEXT NOT NULL UNIQUE,
+    snapshot TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX shares_by_conversation ON shares (conversation_id, created_at);
+""",
 ]
 
 

@@ -29,6 +29,7 @@ from pocketchat.store import TOMBSTONE_SECONDS, like_pattern, session_hash
 from pocketchat.store.queued import QueuedStore, Row
 from pocketchat.store.sqlite_attachments import IMAGE_COLUMNS, SqliteAttachments
 from pocketchat.store.sqlite_schema import migrate
+from pocketchat.store.sqlite_shares import SqliteShares
 from pocketchat.store.writes import Database, Job
 
 logger = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ def _roll_back(db: sqlite3.Connection) -> None:
         db.rollback()  # SQLite may have rolled it back already (a full disk does)
 
 
-class SqliteStore(SqliteAttachments, QueuedStore[_WriteConnection]):
+class SqliteStore(SqliteShares, SqliteAttachments, QueuedStore[_WriteConnection]):
     """The store in one SQLite file: the default, for one process."""
 
     def __init__(self, path: Path) -> None:
