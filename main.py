@@ -38,7 +38,7 @@ from pocketchat.settings import Settings
 from pocketchat.state import AppState
 from pocketchat.store import make_store
 from pocketchat.tools.mcp import McpConfigError, load_config
-from pocketchat.web import documents, images, login, search, sign_in, transfer
+from pocketchat.web import documents, images, login, search, shares, sign_in, transfer
 from pocketchat.web.body_limit import BodyLimit
 from pocketchat.web.routes import invalid_request, router
 from pocketchat.web.socket import chat_socket
@@ -92,6 +92,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(images.router)
     app.include_router(search.router)
     app.include_router(transfer.router)
+    app.include_router(shares.router)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_api_websocket_route("/ws", chat_socket)
     app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
@@ -125,8 +126,8 @@ class VendorFiles(StaticFiles):
 
 
 class HideSecretsInAccessLog(logging.Filter):
-    """Access log lines show no sign-in token, and name a conversation by its first six characters
-    (with auth none, a whole id is enough to read it)."""
+    """Access log lines show no sign-in or share link token, and name a conversation by its first six
+    characters (with auth none, a whole id is enough to read it)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
@@ -137,10 +138,12 @@ class HideSecretsInAccessLog(logging.Filter):
     def _hide(arg: object) -> object:
         if not isinstance(arg, str):
             return arg
-        return CONVERSATION_PATH.sub(r"\1\2…", login.access_log_without_secrets(arg))
+        arg = SHARE_PATH.sub(r"\1[hidden]", login.access_log_without_secrets(arg))
+        return CONVERSATION_PATH.sub(r"\1\2…", arg)
 
 
 CONVERSATION_PATH = re.compile(r"(/api/conversations/)([\w-]{6})[\w-]+")
+SHARE_PATH = re.compile(r"(/s/|/api/shared/)[^?#\s]+")  # a share link's token: the link itself
 
 
 def sign_in_link(settings: Settings, token: str) -> str:

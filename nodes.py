@@ -24,7 +24,7 @@ from pocketchat.tools import CallOutcome, ToolBox, arguments_of
 from pocketchat.turn_log import TurnLog
 from utils.chunking import Chunk, chunk_pages
 from utils.embeddings import Embedder, to_bytes
-from utils.llm_stream import ChatProvider, StreamResult, ToolCall, stream_llm
+from utils.llm_stream import ChatProvider, Sampling, StreamResult, ToolCall, stream_llm
 from utils.prompt import PromptMessage, Snippet, build_prompt, data_url, images_to_send
 from utils.read_document import Page
 from utils.retrieval import VectorCache, retrieve
@@ -208,6 +208,7 @@ class ChatRequest:
     max_tokens: int | None
     log: TurnLog
     turn: Turn
+    sampling: Sampling  # the conversation's own temperature and top_p, if it set them
     tools: ToolBox | None = None  # offered when the model supports them
     final: bool = False  # --max-tool-steps reached: the model answers without tools
     start_seq: int = 0  # chunks in the log before this step: a retry is safe while there are no more
@@ -229,12 +230,16 @@ class StreamChat(AsyncNode):
 
     async def prep_async(self, shared: dict[str, Any]) -> ChatRequest:
         conversation: Conversation = shared["conversation"]
+        # The conversation's own settings win over the app's; what neither sets is the provider's default.
+        sampling = dict(conversation.record.sampling)
+        max_tokens = sampling.pop("max_tokens", None) or shared["settings"].max_tokens
         return ChatRequest(
             provider=shared["provider"],
             messages=shared["prompt"],
             model=conversation.record.model,
-            max_tokens=shared["settings"].max_tokens,
+            max_tokens=int(max_tokens) if max_tokens else None,
             log=shared["log"],
+            sampling=sampling,
             turn=shared["turn"],
             tools=shared["tools"],
             final=shared["tool_steps"] >= shared["settings"].max_tool_steps,
@@ -256,6 +261,7 @@ class StreamChat(AsyncNode):
                 request.turn.stop,
                 lambda position: request.log.append(protocol.queued(request.turn.id, position)),
                 request.tools.offer(request.final) if supported and request.tools else None,
+                request.sampling,
             )
         except ProviderError as error:
             # Raising lets PocketFlow retry after `wait`, which is safe only while this step sent nothing

@@ -129,7 +129,15 @@ class Conversation:
         history = self.history_json(turn.reply if turn else None)
         record = self.record
         text = protocol.ready_text(
-            self.id, record.title, record.model, record.system_prompt, history, running, provider, record.tools_off
+            self.id,
+            record.title,
+            record.model,
+            record.system_prompt,
+            history,
+            running,
+            provider,
+            record.tools_off,
+            record.sampling,
         )
         if turn is None or running is None:
             return text, None, 0

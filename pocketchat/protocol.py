@@ -215,6 +215,7 @@ def ready(
     running: dict[str, Any] | None,
     provider: dict[str, Any],
     tools_off: list[str] | None = None,
+    sampling: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     frame: dict[str, Any] = {
         "type": "ready",
@@ -225,6 +226,7 @@ def ready(
         "model": model,
         "system_prompt": system_prompt,
         "tools_off": tools_off or [],
+        "sampling": sampling or {},
         "provider": provider,
         "history": history,
     }
@@ -242,10 +244,11 @@ def ready_text(
     running: dict[str, Any] | None,
     provider: dict[str, Any],
     tools_off: list[str] | None = None,
+    sampling: dict[str, float] | None = None,
 ) -> str:
     """`ready`, encoded, with its history encoded already (`encode([m.to_wire() ...])`): the same text
     as `encode(ready(...))`, without encoding a long history again."""
-    head = encode(ready(conversation_id, title, model, system_prompt, [], None, provider, tools_off))
+    head = encode(ready(conversation_id, title, model, system_prompt, [], None, provider, tools_off, sampling))
     assert head.endswith(',"history":[]}')  # `ready` puts the history last, before `running`
     tail = "" if running is None else ',"running":' + encode(running)
     return head.removesuffix("[]}") + history_json + tail + "}"
@@ -296,6 +299,7 @@ def conversation(record: ConversationRecord) -> dict[str, Any]:
         "model": record.model,
         "system_prompt": record.system_prompt,
         "tools_off": record.tools_off,
+        "sampling": record.sampling,
     }
 
 

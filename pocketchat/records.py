@@ -136,9 +136,11 @@ def with_images(messages: list[Message], images: Iterable[ImageRecord]) -> list[
 
 
 # The fields of a conversation's record that can be changed (PATCH), each written on its own.
-RECORD_FIELDS = ("title", "model", "system_prompt", "tools_off")
-CONVERSATION_COLUMNS = ("id", "owner", "title", "model", "system_prompt", "created_at", "updated_at", "tools_off")
-JSON_COLUMNS = ("tools_off",)  # kept as JSON text in both databases
+RECORD_FIELDS = ("title", "model", "system_prompt", "tools_off", "sampling")
+CONVERSATION_COLUMNS = (
+    "id", "owner", "title", "model", "system_prompt", "created_at", "updated_at", "tools_off", "sampling",
+)  # fmt: skip
+JSON_COLUMNS = ("tools_off", "sampling")  # kept as JSON text in both databases
 
 
 @dataclass
@@ -155,6 +157,9 @@ class ConversationRecord:
     # The last message of the path shown (of the versions, those chosen); None: the latest message. Not
     # one of CONVERSATION_COLUMNS: a new conversation has none, and a switch writes it alone.
     leaf_id: str | None = None
+    # The conversation's own `temperature`, `top_p` and `max_tokens`: only those set (the provider's
+    # default for the others, which are not sent).
+    sampling: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "ConversationRecord":
@@ -177,6 +182,7 @@ class ConversationRecord:
             "model": self.model,
             "system_prompt": self.system_prompt,
             "tools_off": self.tools_off,
+            "sampling": self.sampling,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }

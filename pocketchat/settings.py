@@ -187,7 +187,8 @@ class Settings(BaseSettings):
     limit_changes_per_minute: int = Field(
         120,
         ge=0,
-        description="Renames, model or system prompt changes and deletes one user may make a minute (0: no limit).",
+        description="Renames, model or system prompt changes, deletes, switches between versions and share links"
+        " made one user may make a minute (0: no limit).",
     )
 
     embedding_model: str | None = Field(

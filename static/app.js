@@ -6,7 +6,9 @@ import { ImageTray, isImage } from "./images.js";
 import { Importer } from "./import.js";
 import { copyCode } from "./markdown.js";
 import { MenuButton } from "./menu.js";
+import { readSampling, samplingSummary, showSampling } from "./sampling.js";
 import { initSearch } from "./search.js";
+import { SharePanel } from "./share.js";
 import { Shortcuts } from "./shortcuts.js";
 import { ToolsPanel } from "./tools.js";
 import { Transcript } from "./transcript.js";
@@ -55,6 +57,7 @@ const shortcuts = new Shortcuts($("shortcuts-dialog"), {
   focusInput: () => ui.input.focus(),
 });
 new MenuButton($("menu-button"), $("page-menu"));
+new SharePanel($("share-button"), $("share-dialog"), () => state.conversationId, signIn);
 
 /** Not signed in (no session, or it was revoked): the sign-in page. */
 function signIn() {
@@ -215,9 +218,13 @@ function onFrame(frame) {
 // ---- what the page shows ------------------------------------------------------------------
 
 function showConversation(frame) {
-  state.conversation = { title: frame.title, model: frame.model, system_prompt: frame.system_prompt };
+  state.conversation = {
+    title: frame.title, model: frame.model, system_prompt: frame.system_prompt, sampling: frame.sampling,
+  };
   ui.title.textContent = frame.title || "New chat";
-  ui.promptSummary.textContent = frame.system_prompt ? `System prompt: ${frame.system_prompt}` : "No system prompt";
+  const sampling = samplingSummary(frame.sampling);
+  ui.promptSummary.textContent = (frame.system_prompt ? `System prompt: ${frame.system_prompt}` : "No system prompt") +
+    (sampling ? ` · ${sampling}` : "");
   document.title = frame.title ? `${frame.title} · PocketChat` : "PocketChat";
   ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.md`;
   ui.exportJson.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.json`;
@@ -497,10 +504,13 @@ $("transcript").addEventListener("click", (event) => {
 ui.modelPicker.addEventListener("change", () => changeConversation({ model: ui.modelPicker.value }));
 $("system-prompt-button").addEventListener("click", () => {
   ui.promptInput.value = state.conversation?.system_prompt ?? "";
+  showSampling(ui.promptInput.form, state.conversation?.sampling);
+  ui.promptDialog.returnValue = ""; // Escape closes it without one: not the last Save's again
   ui.promptDialog.showModal();
 });
 ui.promptDialog.addEventListener("close", () => {
-  if (ui.promptDialog.returnValue === "save") changeConversation({ system_prompt: ui.promptInput.value });
+  if (ui.promptDialog.returnValue !== "save") return;
+  changeConversation({ system_prompt: ui.promptInput.value, sampling: readSampling(ui.promptInput.form) });
 });
 $("search-button").addEventListener("click", () => document.dispatchEvent(new CustomEvent("pocketchat:search")));
 $("shortcuts-button").addEventListener("click", () => shortcuts.open());

@@ -60,6 +60,7 @@ def test_the_title_node_names_a_new_conversation_once(fake, tmp_path):
         "model": "fake-model",
         "system_prompt": "Be brief.",
         "tools_off": [],
+        "sampling": {},
     }
     assert stored[0].title == "Plan a trip to Rome"
 

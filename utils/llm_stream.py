@@ -24,6 +24,11 @@ class ToolOffer:
     choice: str = "auto"
 
 
+# What a request asks of the sampling beyond the provider's defaults: `temperature` and `top_p`, by
+# their OpenAI names (llama-cpp-python takes the same ones); a name left out is the provider's default.
+Sampling = dict[str, float]
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """A call the model asked for: `arguments` is the JSON text it wrote, not parsed (it may be invalid)."""
@@ -45,6 +50,7 @@ class ChatProvider(Protocol):
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
         tools: ToolOffer | None = None,
+        sampling: Sampling | None = None,
     ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]: ...
 
     def supports_tools(self, model: str) -> bool:
@@ -170,11 +176,13 @@ async def stream_llm(
     stop: asyncio.Event,
     on_queued: Callable[[int], object] | None = None,
     tools: ToolOffer | None = None,
+    sampling: Sampling | None = None,
 ) -> StreamResult:
     """Stream a reply into `on_chunk(content, reasoning)` until it ends or `stop` is set.
 
     `on_queued(position)` is called if the provider must wait for earlier requests first. The tool
     calls the model makes (when `tools` offers some) are put together and returned, not sent on.
+    `sampling` overrides the provider's defaults (the conversation's own temperature, top_p).
     A stop cancels the read in progress, which closes the upstream response at once. A stream
     that ends without a finish reason was cut short and raises ProviderError.
     """
@@ -189,8 +197,10 @@ async def stream_llm(
             on_chunk(content, reasoning or None)
 
     async def consume() -> None:
-        # `tools` only when some are offered: a provider written before tools existed still works.
-        offer = {"tools": tools} if tools is not None else {}
+        # `tools` and `sampling` only when there are some: a provider written before them still works.
+        offer: dict[str, Any] = {"tools": tools} if tools is not None else {}
+        if sampling:
+            offer["sampling"] = sampling
         async with provider.open_stream(messages, model, max_tokens, on_queued, **offer) as chunks:
             async for chunk in chunks:
                 try:

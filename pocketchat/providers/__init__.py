@@ -10,7 +10,7 @@ from pocketchat.errors import ProviderError
 from pocketchat.providers.local import LocalModelMissing, LocalProvider
 from pocketchat.providers.openai_compatible import OpenAIProvider
 from pocketchat.settings import Settings
-from utils.llm_stream import ChatProvider, Chunk, ToolOffer
+from utils.llm_stream import ChatProvider, Chunk, Sampling, ToolOffer
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +48,7 @@ class UnavailableProvider:
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
         tools: ToolOffer | None = None,
+        sampling: Sampling | None = None,
     ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]:
         raise ProviderError(self.reason)
 
@@ -92,8 +93,9 @@ class WithEmbeddedModel:
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
         tools: ToolOffer | None = None,
+        sampling: Sampling | None = None,
     ) -> AbstractAsyncContextManager[AsyncIterator[Chunk]]:
-        return self._for(model).open_stream(messages, model, max_tokens, on_queued, tools)
+        return self._for(model).open_stream(messages, model, max_tokens, on_queued, tools, sampling)
 
     async def aclose(self) -> None:
         await self.remote.aclose()

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from pocketchat.errors import ProviderError
-from utils.llm_stream import Chunk, ToolOffer
+from utils.llm_stream import Chunk, Sampling, ToolOffer
 
 logger = logging.getLogger(__name__)
 
@@ -148,10 +148,12 @@ class LocalStream:
         messages: list[dict[str, str]],
         max_tokens: int,
         on_queued: Callable[[int], object] | None,
+        sampling: Sampling,
     ) -> None:
         self.loop = loop
         self.messages = messages
         self.max_tokens = max_tokens
+        self.sampling = sampling  # llama_cpp's sampling arguments for this generation
         self.on_queued = on_queued
         self.position = 0  # requests ahead of it, as last told
         self.chunks: asyncio.Queue[Any] = asyncio.Queue()
@@ -246,8 +248,11 @@ class LocalProvider:
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
         tools: ToolOffer | None = None,  # never offered: see supports_tools
+        sampling: Sampling | None = None,
     ) -> AsyncIterator[LocalStream]:
-        stream = LocalStream(asyncio.get_running_loop(), messages, max_tokens or self.max_tokens, on_queued)
+        # The conversation's own sampling wins over the model's defaults (and --temperature).
+        chosen = {**self.sampling, **(sampling or {})}
+        stream = LocalStream(asyncio.get_running_loop(), messages, max_tokens or self.max_tokens, on_queued, chosen)
         self._enqueue(stream)
         try:
             yield stream
@@ -300,7 +305,7 @@ class LocalProvider:
             self.load()
             self._llama.stop = generation.cancelled
             stream = self._llama.create_chat_completion(
-                generation.messages, stream=True, max_tokens=generation.max_tokens, **self.sampling
+                generation.messages, stream=True, max_tokens=generation.max_tokens, **generation.sampling
             )
             last: dict[str, Any] | None = None
             try:

@@ -17,7 +17,7 @@ import openai
 import orjson
 
 from pocketchat.errors import ProviderError
-from utils.llm_stream import Chunk, ToolOffer
+from utils.llm_stream import Chunk, Sampling, ToolOffer
 
 logger = logging.getLogger(__name__)
 RETRYABLE_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
@@ -120,8 +120,10 @@ class OpenAIProvider:
         max_tokens: int | None,
         on_queued: Callable[[int], object] | None = None,
         tools: ToolOffer | None = None,
+        sampling: Sampling | None = None,
     ) -> AsyncIterator[AsyncIterator[Chunk]]:
         """The provider's chunk stream; leaving the block closes the HTTP response (the provider sees it).
+        `sampling` (a conversation's own) wins over --temperature; what neither sets is not sent.
 
         Remote providers queue requests their own way, so `on_queued` is never called here.
         """
@@ -135,6 +137,7 @@ class OpenAIProvider:
             body["max_tokens"] = max_tokens
         if self.temperature is not None:
             body["temperature"] = self.temperature
+        body.update(sampling or {})
         if tools is not None:
             body["tools"], body["tool_choice"] = tools.tools, tools.choice
         try:

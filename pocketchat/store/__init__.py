@@ -9,7 +9,7 @@ after them), commit them in groups, and keep a write the database refuses until 
 import asyncio
 import hashlib
 from collections.abc import Callable, Collection
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pocketchat.records import (
     RECORD_FIELDS,
@@ -23,6 +23,9 @@ from pocketchat.records import (
 from pocketchat.search import SearchHit, SearchQuery
 from pocketchat.settings import Settings
 from pocketchat.transfer.tree import ConversationTree
+
+if TYPE_CHECKING:
+    from pocketchat.shares import ShareRecord  # which imports this module's token_hash
 
 
 class Store(Protocol):
@@ -154,6 +157,18 @@ class Store(Protocol):
     async def search_messages(self, owner: str, terms: list[str], most: int, leave_out_turn: str) -> list[MessageHit]:
         """The owner's newest messages holding every term (by its stem, as `search` matches), but those of
         one turn."""
+
+    # Share links: written through the same queue; a link is read from the database at every visit.
+
+    def add_share(self, share: "ShareRecord", token_hash: str, snapshot: str, most: int) -> asyncio.Future[bool]:
+        """Store a link, unless its conversation has `most` already; whether it was stored."""
+
+    def delete_share(self, conversation_id: str, share_id: str) -> asyncio.Future[bool]: ...
+
+    async def list_shares(self, conversation_id: str, owner: str) -> list["ShareRecord"]: ...
+
+    async def shared(self, token_hash: str) -> tuple[str, float] | None:
+        """The snapshot (JSON text) and creation time of the live link with this token hash."""
 
 
 TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered

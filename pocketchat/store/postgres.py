@@ -37,6 +37,7 @@ from pocketchat.store.postgres_connection import (
 from pocketchat.store.postgres_schema import START_TIMEOUT, migrate
 from pocketchat.store.postgres_search import PostgresSearch
 from pocketchat.store.postgres_transfer import PostgresTransfer
+from pocketchat.store.postgres_shares import PostgresShares
 from pocketchat.store.queued import QueuedStore, Row
 
 logger = logging.getLogger(__name__)
@@ -83,13 +84,15 @@ async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecor
         # DO NOTHING: with replicas, two may each store a new conversation they both had in memory.
         # Never one that was deleted (a first turn on one replica, a delete on another).
         f"INSERT INTO conversations ({', '.join(CONVERSATION_COLUMNS)})"
-        " SELECT $1, $2, $3, $4, $5, $6::double precision, $7::double precision, $8"
+        " SELECT $1, $2, $3, $4, $5, $6::double precision, $7::double precision, $8, $9"
         " WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = $1) ON CONFLICT (id) DO NOTHING",
         *record.to_row(),
     )
 
 
-class PostgresStore(PostgresAttachments, PostgresSearch, PostgresTransfer, QueuedStore[WriteConnection]):
+class PostgresStore(
+    PostgresShares, PostgresAttachments, PostgresSearch, PostgresTransfer, QueuedStore[WriteConnection]
+):
     """The store in PostgreSQL: shared by every replica that names the same database."""
 
     def __init__(self, url: str) -> None:

@@ -169,6 +169,22 @@ ALTER TABLE conversations
     GENERATED ALWAYS AS (to_tsvector('english', translate(coalesce(title, ''), '<', ' '))) STORED;
 CREATE INDEX conversations_title_words ON conversations USING GIN (title_words);
 """,
+    # Per-conversation sampling (SQLite's step 10): its temperature, top_p and max_tokens, as JSON text.
+    """
+ALTER TABLE conversations ADD COLUMN sampling TEXT NOT NULL DEFAULT '{}';
+""",
+    # Share links (SQLite's step 11): a conversation's snapshot under the hash of its link's token.
+    """
+CREATE TABLE shares (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES conversations (id) ON DELETE CASCADE,
+    owner TEXT NOT NULL,
+    token_hash TEXT NOT NULL UNIQUE,
+    snapshot TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX shares_by_conversation ON shares (conversation_id, created_at);
+""",
 ]
 
 

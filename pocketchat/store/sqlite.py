@@ -30,6 +30,7 @@ from pocketchat.store.sqlite_attachments import IMAGE_COLUMNS, SqliteAttachments
 from pocketchat.store.sqlite_schema import migrate
 from pocketchat.store.sqlite_search import SqliteSearch
 from pocketchat.store.sqlite_transfer import SqliteTransfer
+from pocketchat.store.sqlite_shares import SqliteShares
 from pocketchat.store.writes import Database, Job
 
 logger = logging.getLogger(__name__)
@@ -73,7 +74,8 @@ def _insert_conversation(db: sqlite3.Connection, record: ConversationRecord) -> 
         # OR IGNORE: with replicas, two may each store a new conversation they both had in memory.
         # Never one that was deleted.
         f"INSERT OR IGNORE INTO conversations ({', '.join(CONVERSATION_COLUMNS)})"
-        " SELECT ?, ?, ?, ?, ?, ?, ?, ? WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = ?)",
+        f" SELECT {', '.join('?' * len(CONVERSATION_COLUMNS))}"
+        " WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = ?)",
         (*record.to_row(), record.id),
     )
 
@@ -151,7 +153,7 @@ def _roll_back(db: sqlite3.Connection) -> None:
         db.rollback()  # SQLite may have rolled it back already (a full disk does)
 
 
-class SqliteStore(SqliteAttachments, SqliteSearch, SqliteTransfer, QueuedStore[_WriteConnection]):
+class SqliteStore(SqliteShares, SqliteAttachments, SqliteSearch, SqliteTransfer, QueuedStore[_WriteConnection]):
     """The store in one SQLite file: the default, for one process."""
 
     def __init__(self, path: Path) -> None:

@@ -188,6 +188,23 @@ END;
 INSERT INTO messages_text(messages_text) VALUES ('rebuild');
 INSERT INTO conversations_text(conversations_text) VALUES ('rebuild');
 """,
+    # Per-conversation sampling: the temperature, top_p and max_tokens it set (JSON: an object; none before).
+    """
+ALTER TABLE conversations ADD COLUMN sampling TEXT NOT NULL DEFAULT '{}';
+""",
+    # Share links: a snapshot of a conversation (title and messages, JSON) under the hash of its link's
+    # token (never the token); revoking a link deletes it, and so does deleting its conversation.
+    """
+CREATE TABLE shares (
+    id TEXT PRIMARY KEY,
+    conversation_id TEXT NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+    owner TEXT NOT NULL,
+    token_hash TEXT NOT NULL UNIQUE,
+    snapshot TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE INDEX shares_by_conversation ON shares(conversation_id, created_at);
+""",
 ]
 
 

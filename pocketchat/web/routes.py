@@ -124,12 +124,29 @@ Name = Annotated[str, StringConstraints(strict=True, strip_whitespace=True, min_
 SourceName = Annotated[str, StringConstraints(strict=True, pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
+MAX_REPLY_TOKENS = 1_000_000  # a bound on nonsense, well above any model's reply
+
+
+class SamplingChanges(BaseModel):
+    """A conversation's own sampling: a value sets it, `null` clears it (back to the provider's default,
+    which is then not sent), a field left out stays as it is."""
+
+    temperature: Annotated[float, Field(strict=True, ge=0, le=2, allow_inf_nan=False)] | None = None
+    top_p: Annotated[float, Field(strict=True, ge=0, le=1, allow_inf_nan=False)] | None = None
+    max_tokens: Annotated[int, Field(strict=True, ge=1, le=MAX_REPLY_TOKENS)] | None = None
+
+    def applied_to(self, sampling: dict[str, float]) -> dict[str, float]:
+        given = self.model_dump(include=self.model_fields_set)
+        return {name: value for name, value in (sampling | given).items() if value is not None}
+
+
 class ConversationChanges(BaseModel):
     title: Name | None = None
     model: Name | None = None
     system_prompt: Annotated[str, StringConstraints(strict=True, max_length=20_000), Unicode] | None = None
     # The tool sources turned off: "builtin", MCP servers' names (a server not configured now is kept).
     tools_off: Annotated[list[SourceName], Field(max_length=64)] | None = None
+    sampling: SamplingChanges | None = None
 
 
 async def count_change(request: Request) -> None:
@@ -142,12 +159,14 @@ async def count_change(request: Request) -> None:
 
 @router.patch("/api/conversations/{conversation_id}")
 async def change_conversation(request: Request, conversation_id: str, changes: ConversationChanges) -> dict[str, Any]:
-    """Rename, or change the model or system prompt of later turns; attached sockets are told."""
+    """Rename, or change the model, system prompt, tools or sampling of later turns; attached sockets are told."""
     await count_change(request)
     state = chat_state(request.app)
     async with borrowed(request, conversation_id) as conversation:
         record = conversation.record
-        fields = changes.model_dump(exclude_none=True)
+        fields = changes.model_dump(exclude_none=True, exclude={"sampling"})
+        if changes.sampling is not None:
+            fields["sampling"] = changes.sampling.applied_to(record.sampling)
         if "tools_off" in fields:
             fields["tools_off"] = sorted(set(fields["tools_off"]))
         for name, value in fields.items():

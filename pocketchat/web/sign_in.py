@@ -34,7 +34,8 @@ LOCAL_USER = "local"
 SESSION_COOKIE = "pocketchat_session"
 VISITOR = "pocketchat.visitor"  # the scope key the middleware leaves for routes and sockets
 PUBLIC_PATHS = {"/login", "/healthz", "/livez", "/metrics"}  # none shows a secret or a conversation
-PUBLIC_PREFIXES = ("/static/", "/vendor/")
+# A share link's page and snapshot: each shows what its token names, and nothing else (web/shares.py).
+PUBLIC_PREFIXES = ("/static/", "/vendor/", "/s/", "/api/shared/")
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 SIGNED_OUT = 4401  # the WebSocket close code for "sign in first"; the page shows the sign-in page
 SESSION_CACHE_SECONDS = 5.0  # a session checked this recently is not read again (revocation: see AppState)

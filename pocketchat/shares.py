@@ -1,0 +1,50 @@
+"""Read-only links to a conversation: each shows a snapshot of it, taken when the link was made, to
+anyone who has the link, and nothing else of the app. A link's token is 256 random bits; the database
+keeps only its hash (as it does for sessions), so a copy of the database opens no link, and a link is
+found by its hash alone: what a lookup's timing could tell is about a hash, never about a token."""
+
+import re
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pocketchat.records import ConversationRecord, Message, new_id
+from pocketchat.store import token_hash
+
+MAX_SHARES_PER_CONVERSATION = 20  # live links of one conversation; revoking one makes room
+TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")  # what secrets.token_urlsafe(32) makes
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(32)
+
+
+def share_hash(token: str) -> str | None:
+    """What the database keeps of a link's token, and finds the link by; None for text that cannot be a
+    token (answered as a wrong one, without asking the database)."""
+    return token_hash(token) if TOKEN.fullmatch(token) else None
+
+
+@dataclass
+class ShareRecord:
+    """A live link to a conversation (revoking it deletes it); its token is never kept."""
+
+    conversation_id: str
+    owner: str
+    id: str = field(default_factory=new_id)
+    created_at: float = field(default_factory=time.time)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "created_at": self.created_at}
+
+
+def snapshot(record: ConversationRecord, history: list[Message], running_turn: str | None) -> dict[str, Any]:
+    """What a link shows: the title and the messages (their role, text and status), as the conversation's
+    history holds them now, less the turn still running (its reply is not written yet)."""
+    messages = [
+        {"role": message.role, "content": message.content, "status": message.status}
+        for message in history
+        if running_turn is None or message.turn_id != running_turn
+    ]
+    return {"title": record.title, "messages": messages}
