@@ -36,8 +36,8 @@ from pocketchat.store.postgres_connection import (
 )
 from pocketchat.store.postgres_schema import START_TIMEOUT, migrate
 from pocketchat.store.postgres_search import PostgresSearch
-from pocketchat.store.postgres_transfer import PostgresTransfer
 from pocketchat.store.postgres_shares import PostgresShares
+from pocketchat.store.postgres_transfer import PostgresTransfer
 from pocketchat.store.queued import QueuedStore, Row
 
 logger = logging.getLogger(__name__)

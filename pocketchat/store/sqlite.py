@@ -29,8 +29,8 @@ from pocketchat.store.queued import QueuedStore, Row
 from pocketchat.store.sqlite_attachments import IMAGE_COLUMNS, SqliteAttachments
 from pocketchat.store.sqlite_schema import migrate
 from pocketchat.store.sqlite_search import SqliteSearch
-from pocketchat.store.sqlite_transfer import SqliteTransfer
 from pocketchat.store.sqlite_shares import SqliteShares
+from pocketchat.store.sqlite_transfer import SqliteTransfer
 from pocketchat.store.writes import Database, Job
 
 logger = logging.getLogger(__name__)
