@@ -89,7 +89,7 @@ def main() -> None:
             searching = chat(browser, app, viewport={"width": 1200, "height": 560})
             searching.keyboard.press("Control+k")
             searching.keyboard.type("reverse pyth")
-            expect(searching.locator("#palette-results [role=option]")).to_have_count(3)
+            expect(searching.locator("#palette-results [role=option]")).to_have_count(4)
             searching.screenshot(path=OUT / "search.png")
             searching.context.close()
         finally:
