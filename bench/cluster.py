@@ -8,7 +8,8 @@ through the whole app, in three ways measured in the same run:
 
 The apps run with every per-user limit on, as by default, but set too high to refuse anything: the
 checks and counts are part of what is measured. It reports time to first chunk (p50, p99) at the
-sending socket, wall time, chunks/s and the app processes' CPU time per chunk, checks that every
+sending socket, wall time, chunks/s and the app processes' CPU time per chunk (for `direct`, the
+bench process's own, and the apps' as a multiple of it), checks that every
 reply arrived complete and in order on both sockets (a failure is printed: which way, which
 socket, what it saw), and prints replicas/single ratios (target at 300: p99 first chunk within 3x,
 wall within 1.5x, no failure). Last, it measures what batching the Redis copies once per event-loop
@@ -187,6 +188,12 @@ async def measure(n: int, repeat: int, fake_url: str, single: AppProcess, balanc
     )
     lean = m["direct"]
     print(f"single/direct: p99 first chunk x{one['p99'] / lean['p99']:.2f}, wall x{one['wall'] / lean['wall']:.2f}")
+    # The direct read's CPU is the bench process's own: each chunk it counts was read once, where the
+    # apps' was also sent to two sockets.
+    print(
+        f"CPU per chunk against the direct read's: single x{one['cpu_us'] / lean['cpu_us']:.2f},"
+        f" replicas x{rep['cpu_us'] / lean['cpu_us']:.2f}"
+    )
     batched, per_chunk = await batching(10_000)
     print(f"\ncopying 10000 chunks to Redis: once per tick {batched:.2f} s, one XADD per chunk {per_chunk:.2f} s"
           f" (x{per_chunk / batched:.1f})")  # fmt: skip
