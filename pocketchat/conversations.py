@@ -404,8 +404,9 @@ class Hub:
         has it may open it through any replica at once (a second tab, a reconnect)."""
         await self.coordinator.remember_new(conversation.record)
 
-    def open_turn(self, conversation: Conversation, turn: Turn) -> asyncio.Future[None]:
-        """Queue the writes that start a turn (and store a new conversation with it)."""
+    def open_turn(self, conversation: Conversation, turn: Turn) -> asyncio.Future[Any]:
+        """Queue the writes that start a turn (and store a new conversation with it); the last one's
+        future (they land in order)."""
         new = None if conversation.stored else conversation.record
         conversation.stored = True
         user = turn.user_message
@@ -415,10 +416,10 @@ class Hub:
         )
         # Queued right behind it (the queue keeps a conversation's writes in order).
         if turn.image_copies:
-            self.store.copy_images(conversation.id, user.id, turn.image_copies)
-        elif turn.kind == "message" and (images := [image.id for image in user.images]):
+            return self.store.copy_images(conversation.id, user.id, turn.image_copies)
+        if turn.kind == "message" and (images := [image.id for image in user.images]):
             # The images are the message's from then on, and no longer wait for the next one.
-            self.store.attach_images(conversation.id, user.id, images)
+            return self.store.attach_images(conversation.id, user.id, images)
         return opened
 
     async def ensure_stored(self, conversation: Conversation) -> None:

@@ -1,6 +1,7 @@
 """Running a turn: the flow around the nodes, from the turn's opening write to its `turn_end`."""
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -9,9 +10,9 @@ from typing import Any
 from flow import FLOWS
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn, TurnIds
-from pocketchat.errors import ProtocolError, Unavailable
+from pocketchat.errors import ProtocolError, StorageError, Unavailable
 from pocketchat.state import AppState
-from pocketchat.store import Store, save_reply
+from pocketchat.store import SAVE_WAIT_SECONDS, Store, save_reply
 from pocketchat.tools.client import ClientTools
 from utils.usage import TurnUsage
 
@@ -73,7 +74,12 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
     # crash leaves a turn that start-up marks interrupted. Waiting for that write would delay the
     # first chunk under load; every later write of the turn is queued after it anyway, and the turn's
     # end waits (for a bounded time) for its last write only. The store logs a write that fails.
-    state.hub.open_turn(conversation, turn)
+    opened = state.hub.open_turn(conversation, turn)
+    if turn.image_copies:
+        # An edited message's images are read for the model by their copies' ids: once the copies are
+        # stored (a database that refuses or stalls costs the model the images, not the turn).
+        with contextlib.suppress(StorageError, TimeoutError):
+            await asyncio.wait_for(asyncio.shield(opened), SAVE_WAIT_SECONDS)
     checkpoints = asyncio.create_task(checkpoint_reply(state.store, conversation.id, turn))
     try:
         await state.coordinator.started(conversation, turn, lease)
