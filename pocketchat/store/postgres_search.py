@@ -1,5 +1,5 @@
 """Search in PostgreSQL: tsvector columns with GIN indexes over messages and titles (the trigger and
-columns of its schema's step 9), ranked by ts_rank."""
+columns of its schema's step 8), ranked by ts_rank."""
 
 import hashlib
 from collections.abc import Awaitable, Callable

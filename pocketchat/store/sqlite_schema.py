@@ -140,8 +140,8 @@ UPDATE messages SET parent_id = (
     # Search (pocketchat/search.py): full-text indexes of message text and of titles (FTS5 over the tables
     # themselves, kept by triggers in the writing transaction, so they never drift). A message is indexed
     # once it is final (a reply streaming is rewritten every few seconds), with its owner as a word of a
-    # column of its own (the name's hex: no query word can hold another user's, and the owner's own
-    # matches only the owner's rows), so that a search reads no other user's matches. The view is what
+    # column of its own (the name's hex, matched in that column only: a message's text may hold anything),
+    # so that a search reads no other user's matches. The view is what
     # the index holds, for FTS5 to read back (snippets, a rebuild). A conversation's messages are
     # deleted before it (the cascade would come after it), while their owner can still be read to take
     # them out of the index. Titles are indexed by the conversation's rowid, which VACUUM keeps (it copies

@@ -1,5 +1,5 @@
 """Search in the SQLite file: FTS5 over messages and titles (the tables and triggers of its schema's step
-8), ranked by BM25 (titles by FTS5's; messages from their text, pocketchat/search.py)."""
+9), ranked by BM25 (titles by FTS5's; messages from their text, pocketchat/search.py)."""
 
 import json
 import sqlite3
@@ -30,9 +30,10 @@ def match(query: SearchQuery) -> str:
 
 
 def owned(owner: str, words: str) -> str:
-    """`words` in the owner's messages only: with the owner's word, which only the owner's rows hold (the
-    hex of the name, in a column of its own, as the schema's triggers write it)."""
-    return f'"{owner.encode().hex()}" AND {words}'
+    """`words` in the owner's messages only: the owner's word (the hex of the name) in the owner column,
+    which only the owner's rows hold there, and the words in the text. Each is kept to its own column: a
+    message whose text holds another user's hex must not pass for theirs."""
+    return f'owner : "{owner.encode().hex()}" AND content : ({words})'
 
 
 class SqliteSearch:
@@ -54,9 +55,9 @@ class SqliteSearch:
         query = (
             "SELECT m.conversation_id, c.title, m.role, m.content, m.created_at FROM messages_text t"
             " JOIN messages m ON m.seq = t.rowid JOIN conversations c ON c.id = m.conversation_id"
-            " WHERE messages_text MATCH ? AND m.turn_id IS NOT ? ORDER BY t.rowid DESC LIMIT ?"
+            " WHERE messages_text MATCH ? AND c.owner = ? AND m.turn_id IS NOT ? ORDER BY t.rowid DESC LIMIT ?"
         )
-        args = (owned(owner, match(SearchQuery(tuple(terms)))), leave_out_turn, most)
+        args = (owned(owner, match(SearchQuery(tuple(terms)))), owner, leave_out_turn, most)
         rows = await self._read(lambda db: db.execute(query, args).fetchall())
         return [MessageHit(*row) for row in rows]
 
