@@ -51,6 +51,7 @@ class Reply:
     stall_after: int | None = None  # go silent (connection open) after this many content chunks
     finish: bool = True  # send a finish_reason
     raw: list[str] | None = None  # send these data lines as they are, then [DONE]
+    linger: bool = False  # after [DONE], keep the connection open (and the response unended) until the client leaves
     # Tool calls, after the content (which is none unless `tokens` says); finish_reason "tool_calls". A
     # request whose tool_choice is "none" gets `tokens` (or the default words) instead, as OpenAI's would.
     calls: list[Call] = field(default_factory=list)
@@ -236,6 +237,10 @@ class FakeOpenAI:
                     "total_tokens": prompt + len(pieces),
                 }
                 writer.write(event({**base, "choices": [], "usage": usage}))
+            if reply.linger:
+                writer.write(event("[DONE]"))
+                await wait(None)
+                return self._hung_up()
             writer.write(event("[DONE]") + b"0\r\n\r\n")
             await writer.drain()
             self.completed += 1

@@ -139,7 +139,7 @@ def read_events(*pieces: bytes) -> list[object]:
 
 def test_the_sse_reader_reads_events_however_the_network_cuts_them():
     # An event split across reads, CRLF line ends, a comment, an `event` line, data on two lines,
-    # and what follows [DONE] read to the end but not yielded.
+    # and what follows [DONE] read (for a moment) but not yielded.
     assert read_events(
         b'data: {"a"',
         b': 1}\n\n: keep-alive\r\n\r\nevent: x\r\ndata: {"b":\r\ndata: 2}\r\n\r\n',
@@ -150,3 +150,15 @@ def test_the_sse_reader_reads_events_however_the_network_cuts_them():
 def test_an_error_event_in_the_stream_is_the_providers_error():
     with pytest.raises(openai.APIError, match="overloaded"):
         read_events(b'data: {"choices": []}\n\ndata: {"error": {"message": "overloaded"}}\n\n')
+
+
+def test_a_stream_kept_open_after_done_is_a_complete_reply_at_once(fake):
+    # A server (or a proxy) that keeps the response open after [DONE]: the SDK reads on for a moment
+    # only, and so must the reader; the reply is whole, not an error when the read times out.
+    fake.queue(Reply(tokens=["all ", "here"], linger=True))
+    provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
+    chunks, error, seconds = asyncio.run(reply_or_error(provider))
+    assert error is None
+    text = [c["choices"][0]["delta"].get("content") or "" for c in chunks if isinstance(c, dict) and c["choices"]]
+    assert "".join(text) == "all here"
+    assert seconds < 2

@@ -1,5 +1,6 @@
 """Any OpenAI-compatible endpoint (OpenAI, OpenRouter, Ollama, vLLM, llama.cpp server) as a chat provider."""
 
+import contextlib
 import json
 import logging
 import re
@@ -22,6 +23,8 @@ from utils.llm_stream import Chunk, Sampling, ToolOffer
 logger = logging.getLogger(__name__)
 RETRYABLE_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
 # Keys look like sk-..., sk-or-v1-..., or-...; a provider may echo part of one back.
+# How long what follows a stream's `[DONE]` is read (the SDK's own wait), so the connection can be used again.
+DRAIN_SECONDS = 0.1
 KEY_PATTERN = re.compile(r"\b(sk|or|key)-[A-Za-z0-9_\-*]{8,}")
 
 
@@ -233,7 +236,6 @@ async def _chunks(response: httpx2.Response) -> AsyncIterator[Chunk]:
     per network read rather than work per line, and orjson (README, Benchmarks)."""
     rest = b""  # the start of a line not ended yet
     data: list[bytes] = []  # the `data` lines of the event being read
-    done = False
     try:
         async for received in response.aiter_bytes():
             lines = (rest + received).split(b"\n")
@@ -244,14 +246,13 @@ async def _chunks(response: httpx2.Response) -> AsyncIterator[Chunk]:
                     if line.startswith(b"data:"):
                         data.append(line[6:] if line.startswith(b"data: ") else line[5:])
                     continue  # comments, `event`, `id` and `retry` tell a chat completion nothing
-                if not data or done:
-                    data.clear()
+                if not data:
                     continue
                 event = data[0] if len(data) == 1 else b"\n".join(data)
                 data.clear()
                 if event.startswith(b"[DONE]"):
-                    done = True  # read on to the end: only then is the connection used again
-                    continue
+                    await _drain(response)
+                    return
                 chunk = _json(event)
                 if isinstance(chunk, dict) and chunk.get("error"):
                     raise openai.APIError(_stream_error_message(chunk["error"]), response.request, body=chunk["error"])
@@ -260,6 +261,17 @@ async def _chunks(response: httpx2.Response) -> AsyncIterator[Chunk]:
         raise openai.APITimeoutError(request=response.request) from error
     except (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream) as error:
         raise openai.APIConnectionError(request=response.request) from error
+
+
+async def _drain(response: httpx2.Response) -> None:
+    """Read what follows `[DONE]` for a moment, as the SDK does, so that the connection can be used again;
+    the reply is complete, so a server that keeps the response open, or fails now, changes nothing."""
+    with anyio.move_on_after(DRAIN_SECONDS):
+        with contextlib.suppress(
+            httpx2.HTTPError, httpx2.StreamError, aiohttp.ClientError, ssl.SSLError, anyio.EndOfStream
+        ):
+            async for _ in response.aiter_bytes():
+                pass
 
 
 def _json(data: bytes) -> Any:
