@@ -148,7 +148,7 @@ async def store_turns(store: Any, conversation_ids: list[str], turns: int) -> fl
         conversation_id = conversation_ids[n % len(conversation_ids)]
         user, reply = turn_messages()
         started = time.perf_counter()
-        await store.open_turn(conversation_id, None, [user, reply], [])
+        await store.open_turn(conversation_id, None, [user, reply])
         finish(reply)
         await store.save_messages(conversation_id, [reply])
         times.append((time.perf_counter() - started) * 1000)

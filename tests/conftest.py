@@ -42,8 +42,11 @@ NO_LIMITS = [
 class AppProcess:
     """`python main.py` in a subprocess on a free loopback port."""
 
-    def __init__(self, tmp: Path, args: list[str], env: dict[str, str] | None = None, root: Path = ROOT) -> None:
+    def __init__(
+        self, tmp: Path, args: list[str], env: dict[str, str] | None = None, root: Path = ROOT, cwd: Path | None = None
+    ) -> None:
         self.root = root  # the checkout to run: this one, or a changed copy of it
+        self.cwd = cwd or root  # where it is started from
         self.port = free_port()
         self.db_path = tmp / "chat.db"
         self.log_path = tmp / f"server-{self.port}.log"
@@ -67,7 +70,7 @@ class AppProcess:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, str(self.root / "main.py"), *self.args],
-                cwd=self.root,
+                cwd=self.cwd,
                 env=self.env,
                 stdout=log,
                 stderr=log,
@@ -214,9 +217,9 @@ def start_app(tmp_path: Path, fake: FakeOpenAI, mode_args: list[str]) -> Iterato
     """Start the app against the fake; extra flags override the defaults."""
     started: list[AppProcess] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> AppProcess:
+    def start(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None) -> AppProcess:
         defaults = ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--retry-wait", "0.05", *NO_LIMITS, *mode_args]
-        app = AppProcess(tmp_path, [*defaults, *args], {"POCKETCHAT_API_KEY": API_KEY, **(env or {})})
+        app = AppProcess(tmp_path, [*defaults, *args], {"POCKETCHAT_API_KEY": API_KEY, **(env or {})}, cwd=cwd)
         started.append(app)
         return app.start()
 

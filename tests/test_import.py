@@ -94,6 +94,12 @@ def test_chatgpt_branches_become_our_tree_with_its_chosen_path(start_app):
     assert lisbon["conversation"]["created_at"] == 1718000000.0
 
 
+def test_an_app_started_from_another_directory_imports_too(start_app, tmp_path):
+    # `python /srv/pocketchat/main.py`: the file's reader runs as a module of the app, wherever that is.
+    app = start_app(cwd=tmp_path)
+    assert imported(app, CHATGPT.read_bytes())["imported"] == 2
+
+
 def test_the_json_export_round_trips_exactly_through_an_import(start_app, fake):
     app = start_app()
     imported(app, CHATGPT.read_bytes())

@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, BinaryIO, Literal
 
 from pocketchat.records import new_id
@@ -28,6 +29,8 @@ from pocketchat.transfer.tree import BadFile, ConversationTree
 
 logger = logging.getLogger(__name__)
 
+# The reader child runs `-m pocketchat.transfer.read` from here, wherever the app was started from.
+APP_ROOT = Path(__file__).resolve().parents[2]
 BATCH_MESSAGES = 500  # messages written in one job at most (a conversation is never split)
 BATCH_CONVERSATIONS = 25
 # Between batches. Writing an import is CPU work in the app's process (reading lines, building rows); with
@@ -109,7 +112,7 @@ class Imports:
         """Run the child that reads the file; its verdict, or BadFile with its reason."""
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "pocketchat.transfer.read", source, lines,
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=APP_ROOT,
         )  # fmt: skip
         try:
             out, err = await asyncio.wait_for(child.communicate(), READ_TIMEOUT)
