@@ -107,6 +107,9 @@ def test_the_json_export_round_trips_exactly_through_an_import(start_app, fake):
     chatted = client.hello()["conversation_id"]
     fake.queue(Reply(tokens=["All ", "well."], reasoning=["thinking"]))
     client.turn("How are you?")
+    sampling = {"temperature": 0.3, "max_tokens": 64}
+    body = json.dumps({"sampling": sampling}).encode()
+    assert call(app, "PATCH", f"/api/conversations/{chatted}", body, **{"Content-Type": "application/json"})[0] == 200
     for conversation_id in [chatted, *listed(app)]:
         first = exported(app, conversation_id)
         before = set(listed(app))
@@ -118,6 +121,7 @@ def test_the_json_export_round_trips_exactly_through_an_import(start_app, fake):
         assert shape(again) == shape(first)
     turn = exported(app, chatted)["messages"]
     assert turn[1]["reasoning"] == "thinking" and turn[1]["meta"]["usage"]
+    assert exported(app, chatted)["conversation"]["sampling"] == sampling
 
 
 def test_a_thousand_conversations_import_in_the_background_while_another_user_chats(start_app, fake):

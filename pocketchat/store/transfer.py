@@ -13,6 +13,7 @@ from pocketchat.transfer.tree import ConversationTree, TreeMessage
 
 CONVERSATION_COLUMNS = (
     "id", "owner", "title", "model", "system_prompt", "created_at", "updated_at", "tools_off", "leaf_id",
+    "sampling",
 )  # fmt: skip
 MESSAGE_COLUMNS = (
     "id", "conversation_id", "parent_id", "role", "content", "reasoning", "status", "error", "meta", "created_at",
@@ -21,7 +22,10 @@ MESSAGE_COLUMNS = (
 
 def conversation_rows(owner: str, trees: list[ConversationTree]) -> list[tuple[Any, ...]]:
     return [
-        (t.id, owner, t.title, t.model, t.system_prompt, t.created_at, t.updated_at, json.dumps(t.tools_off), t.leaf_id)
+        (
+            *(t.id, owner, t.title, t.model, t.system_prompt, t.created_at, t.updated_at),
+            *(json.dumps(t.tools_off), t.leaf_id, json.dumps(t.sampling)),
+        )
         for t in trees
     ]
 
@@ -45,6 +49,7 @@ def tree_from_rows(conversation: Mapping[str, Any], messages: list[Mapping[str, 
         updated_at=conversation["updated_at"],
         leaf_id=conversation["leaf_id"],
         tools_off=json.loads(conversation["tools_off"]),
+        sampling=json.loads(conversation["sampling"]),
         messages=[
             TreeMessage(
                 id=row["id"],

@@ -2,7 +2,7 @@
 writes and the import reads back, the whole tree of messages with every version.
 
     {"format": "pocketchat.conversation", "version": 1,
-     "conversation": {id, title, model, system_prompt, tools_off, created_at, updated_at, leaf_id},
+     "conversation": {id, title, model, system_prompt, tools_off, sampling, created_at, updated_at, leaf_id},
      "messages": [{id, parent_id, role, content, reasoning, status, error, meta, created_at}]}
 """
 
@@ -15,6 +15,8 @@ VERSION = 1
 ID_CHARS = 200  # an id in a file: ours are 22 characters, other apps' longer; never a megabyte
 TITLE_CHARS = 1_000
 PROMPT_CHARS = 100_000
+# A conversation's sampling values, as PATCH /api/conversations/{id} checks them.
+SAMPLING_RANGES = {"temperature": (0, 2), "top_p": (0, 1), "max_tokens": (1, 1_000_000)}
 
 
 def to_file(tree: ConversationTree) -> dict[str, Any]:
@@ -25,6 +27,7 @@ def to_file(tree: ConversationTree) -> dict[str, Any]:
         "model": tree.model,
         "system_prompt": tree.system_prompt,
         "tools_off": tree.tools_off,
+        "sampling": tree.sampling,
         "created_at": tree.created_at,
         "updated_at": tree.updated_at,
         "leaf_id": tree.leaf_id,
@@ -75,10 +78,23 @@ def from_file(data: dict[str, Any], where: str) -> ConversationTree:
         leaf_id=text(conversation.get("leaf_id"), f"{where}: `leaf_id`", optional=True, limit=ID_CHARS),
         messages=[_message(message, f"{where}, message {number_ + 1}") for number_, message in enumerate(messages)],
         tools_off=[str(text(name, f"{where}: a name in `tools_off`", limit=64)) for name in tools_off],
+        sampling=_sampling(conversation.get("sampling", {}), where),
         id=text(conversation.get("id", ""), f"{where}: `id`", limit=ID_CHARS) or "",
     )
     tree.messages = check_tree(tree.messages, tree.leaf_id, where)
     return tree
+
+
+def _sampling(data: Any, where: str) -> dict[str, float]:
+    """A conversation's sampling as PATCH takes it (pocketchat/web/routes.py SamplingChanges), values set only."""
+    if not isinstance(data, dict) or not set(data) <= set(SAMPLING_RANGES):
+        raise BadFile(f"{where}: `sampling` must be an object of {', '.join(SAMPLING_RANGES)}.")
+    for name, value in data.items():
+        low, high = SAMPLING_RANGES[name]
+        kind = int if name == "max_tokens" else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kind) or not low <= value <= high:
+            raise BadFile(f"{where}: `sampling.{name}` must be a number from {low} to {high}.")
+    return dict(data)
 
 
 def _message(data: Any, where: str) -> TreeMessage:
