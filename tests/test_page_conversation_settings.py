@@ -5,6 +5,8 @@ loop on its thread, which the PostgreSQL fixtures of the other mode cannot share
 import pytest
 from playwright.sync_api import expect
 
+from tests.test_page import menu_item
+
 pytestmark = pytest.mark.browser
 
 
@@ -14,14 +16,14 @@ def test_the_page_sets_and_clears_settings_beside_the_system_prompt(browser, app
     page.goto("/")
     expect(page.locator("#send")).to_be_enabled()
     dialog = page.locator("#system-prompt-dialog")
-    page.get_by_role("button", name="System prompt").click()
+    menu_item(page, "System prompt…").click()
     dialog.get_by_label("Temperature").fill("0.3")
     dialog.get_by_label("Max tokens").fill("50")
     dialog.get_by_role("button", name="Save").click()
     summary = page.locator("#system-prompt-summary")
     expect(summary).to_contain_text("temperature 0.3, max tokens 50")
     # Out of range: the browser keeps the dialog open, and Cancel changes nothing.
-    page.get_by_role("button", name="System prompt").click()
+    menu_item(page, "System prompt…").click()
     expect(dialog.get_by_label("Temperature")).to_have_value("0.3")
     dialog.get_by_label("Top p").fill("3")
     dialog.get_by_role("button", name="Save").click()
@@ -29,7 +31,7 @@ def test_the_page_sets_and_clears_settings_beside_the_system_prompt(browser, app
     dialog.get_by_role("button", name="Cancel").click()
     expect(dialog).to_be_hidden()
     # An emptied field goes back to the default.
-    page.get_by_role("button", name="System prompt").click()
+    menu_item(page, "System prompt…").click()
     dialog.get_by_label("Temperature").fill("")
     dialog.get_by_role("button", name="Save").click()
     expect(summary).to_have_text("System prompt: You are a helpful assistant. · max tokens 50")

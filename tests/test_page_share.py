@@ -6,7 +6,7 @@ from playwright.sync_api import Browser, expect
 
 from tests.conftest import AppProcess
 from tests.fake_openai import Reply
-from tests.test_page import XSS, PageUnderTest, send, wait_done
+from tests.test_page import XSS, PageUnderTest, menu_item, send, wait_done
 
 pytestmark = pytest.mark.browser
 
@@ -34,7 +34,7 @@ def test_the_owner_makes_copies_lists_and_revokes_a_link(owner: PageUnderTest, v
     send(page, "a question")
     wait_done(page)
     dialog = page.locator("#share-dialog")
-    page.get_by_role("button", name="Share").click()
+    menu_item(page, "Share…").click()
     expect(dialog.locator(".share-list")).to_have_text("No links yet.")
     dialog.get_by_role("button", name="Make a link").click()
     link = dialog.get_by_label("New link")
@@ -63,7 +63,7 @@ def test_markup_in_a_snapshot_runs_nothing_and_loads_nothing(owner: PageUnderTes
     fake.queue(Reply(tokens=[XSS[i : i + 40] for i in range(0, len(XSS), 40)]))
     send(page, XSS)
     wait_done(page)
-    page.get_by_role("button", name="Share").click()
+    menu_item(page, "Share…").click()
     page.locator("#share-dialog").get_by_role("button", name="Make a link").click()
     link = page.locator("#share-dialog").get_by_label("New link")
     expect(link).not_to_have_value("")
