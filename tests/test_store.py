@@ -399,7 +399,7 @@ def test_replicas_opening_a_fresh_database_together_apply_the_schema_once(fresh_
         opened, versions = asyncio.run(scenario())
     assert opened == [0] * 6
     assert versions == list(range(1, len(MIGRATIONS) + 1))
-    assert caplog.text.count("database schema upgraded to version 1") == 1
+    assert caplog.text.count("database schema upgraded to version 1\n") == 1
 
 
 def test_a_lost_writer_connection_is_replaced_without_a_failed_write(fresh_postgres_url):
