@@ -161,10 +161,10 @@ class ChatClient:
         self.send("hello", **({"conversation_id": conversation_id} if conversation_id else {}))
         return self.until("ready")[-1]
 
-    def turn(self, content: str) -> list[dict[str, Any]]:
+    def turn(self, content: str, timeout: float = 20) -> list[dict[str, Any]]:
         """Send a message and return the frames up to its turn_end."""
         self.send("message", content=content)
-        return self.until("turn_end")
+        return self.until("turn_end", timeout)
 
     def close(self) -> None:
         self.connection.close()

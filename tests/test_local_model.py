@@ -315,7 +315,7 @@ def test_a_conversation_can_pick_the_embedded_model_beside_a_remote_provider(sta
         headers={"Content-Type": "application/json"},
     )
     urllib.request.urlopen(request, timeout=10).close()
-    end = client.turn("now offline")[-1]
+    end = client.turn("now offline", timeout=60)[-1]  # the embedded model loads first
     assert end["status"] == "complete" and end["model"] == "SmolLM2-135M-Instruct.Q4_1"
     assert end["usage"]["source"] == "counted"
     assert len(fake.chat_requests) == 1
@@ -330,7 +330,7 @@ def test_a_websocket_turn_against_the_embedded_model_completes(local_app):
     client = local_app.client()
     ready = client.hello()
     assert ready["provider"] == {"kind": "local", "local": True, "demo": True, "model": "SmolLM2-135M-Instruct.Q4_1"}
-    frames = client.turn("Name three colors.")
+    frames = client.turn("Name three colors.", timeout=60)  # the model loads first: seconds on a busy machine
     end = frames[-1]
     assert end["status"] == "complete" and end["usage"]["source"] == "counted"
     assert 0 < end["usage"]["completion_tokens"] <= 40
