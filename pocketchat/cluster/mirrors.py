@@ -6,7 +6,7 @@ its end)."""
 import asyncio
 import json
 import logging
-from collections.abc import Container
+from collections.abc import Callable, Container, Coroutine
 from typing import Any
 
 from pocketchat.cluster.redis_link import REDIS_FAILURES, RedisLink
@@ -44,13 +44,18 @@ class Mirrors:
         produced: Container[str],
         elsewhere: dict[str, Elsewhere],
         finishing: dict[str, asyncio.Future[None]],
+        run_later: Callable[[Coroutine[Any, Any, None]], None],
     ) -> None:
         self.link = link
         self.hub = hub
         self._produced = produced
         self._elsewhere = elsewhere
         self._finishing = finishing
+        self._run_later = run_later
         self._mirrors: dict[str, Mirror] = {}  # by turn id
+        self._following: dict[str, str] = {}  # conversation id: the turn id followed in it now
+        # Conversation id: turns announced while an earlier one is still followed there, in order.
+        self._next: dict[str, list[tuple[str, str]]] = {}
 
     def get(self, turn_id: str) -> Mirror | None:
         return self._mirrors.get(turn_id)
@@ -97,13 +102,21 @@ class Mirrors:
             await self.follow(conversation, turn_id, reply_id)
 
     async def follow(self, conversation: Conversation, turn_id: str, reply_id: str) -> None:
-        """Follow a turn of `conversation` that runs on another replica, from its start."""
-        if turn_id in self._mirrors or conversation.turn is not None:
+        """Follow a turn of `conversation` that runs on another replica, from its start. A turn can
+        start there just as the previous one ends, before this replica has read that end: it is
+        followed once the previous one has ended here (`_end`), so that the two never overlap."""
+        if turn_id in self._mirrors or any(turn_id == waiting for waiting, _ in self._next.get(conversation.id, ())):
             return
+        if conversation.id in self._following:
+            self._next.setdefault(conversation.id, []).append((turn_id, reply_id))
+            return
+        if conversation.turn is not None:
+            return  # a turn of its own runs here: it holds the conversation's lease, no other can run
         log = InProcessTurnLog(turn_id)
         reply = Message("assistant", "", status="streaming", turn_id=turn_id, id=reply_id)
         mirror = Mirror(conversation, Turn(Message("user", ""), reply, log, id=turn_id))
         self._mirrors[turn_id] = mirror  # claimed before the await: one mirror per turn
+        self._following[conversation.id] = turn_id
         try:
             # What is there now, so that a `ready` sent next has it; else the reader reads it all.
             self.take(mirror, await self.link.entries(turn_id))
@@ -144,6 +157,8 @@ class Mirrors:
         self._mirrors.pop(mirror.turn.id, None)
         self._elsewhere.pop(mirror.turn.id, None)
         conversation, turn = mirror.conversation, mirror.turn
+        if self._following.get(conversation.id) == turn.id:
+            del self._following[conversation.id]
         snapshot = turn.log.snapshot()
         reply = turn.reply
         reply.content, reply.reasoning, reply.status = snapshot["content"], snapshot["reasoning"], end["status"]
@@ -157,3 +172,16 @@ class Mirrors:
         else:
             turn.log.close()
         self.hub.release(conversation)
+        self._follow_next(conversation)
+
+    def _follow_next(self, conversation: Conversation) -> None:
+        """The turn that started after the one just ended here, if one did, while the conversation is
+        still open here."""
+        if not (waiting := self._next.pop(conversation.id, [])):
+            return
+        (turn_id, reply_id), rest = waiting[0], waiting[1:]
+        if self.hub.live(conversation.id) is not conversation:
+            return  # nobody here looks at it any more: a socket that opens it later adopts its turn
+        if rest:
+            self._next[conversation.id] = rest
+        self._run_later(self.follow(conversation, turn_id, reply_id))

@@ -97,7 +97,7 @@ class Replicas:
         self._finishing: dict[str, asyncio.Future[None]] = {}  # by conversation: a turn copying its end
         self._claims: dict[str, tuple[str, str]] = {}  # turn id: (conversation, lease), until its log is made
         self._errands = Errands()
-        self._mirrors = Mirrors(self.link, hub, self._produced, self._elsewhere, self._finishing)
+        self._mirrors = Mirrors(self.link, hub, self._produced, self._elsewhere, self._finishing, self._errands.run)
         sight = Sight()
         self._reader = Reader(self.link, self._mirrors, self._on_event, sight)
         self._watchdog = Watchdog(self.link, store, self._mirrors, self._elsewhere, sight, self._errands.run)
