@@ -16,6 +16,7 @@ from playwright.sync_api import Browser, sync_playwright
 from websockets.sync.client import ClientConnection, connect
 
 from tests import chromium
+from tests.app_starter import AppStarter, ForkedProcess
 from tests.fake_openai import FakeOpenAI, FakeOpenAIThread
 from tests.services import (  # noqa: F401 (fixtures)
     fault_proxy,
@@ -40,7 +41,11 @@ NO_LIMITS = [
 
 
 class AppProcess:
-    """`python main.py` in a subprocess on a free loopback port."""
+    """`python main.py` in a subprocess on a free loopback port. Under pytest (`forked_apps`), the app
+    of this checkout is forked from a process that imported it already (`tests/app_starter.py`)."""
+
+    forking = False  # set for the test session: the benches start a plain `python main.py`
+    _starter: AppStarter | None = None
 
     def __init__(
         self, tmp: Path, args: list[str], env: dict[str, str] | None = None, root: Path = ROOT, cwd: Path | None = None
@@ -55,7 +60,7 @@ class AppProcess:
         for name in ("OPENAI_API_KEY", "OPENAI_BASE_URL"):
             if env is None or name not in env:
                 self.env.pop(name, None)
-        self.process: subprocess.Popen[bytes] | None = None
+        self.process: subprocess.Popen[bytes] | ForkedProcess | None = None
         self.clients: list[ChatClient] = []
 
     @property
@@ -67,14 +72,19 @@ class AppProcess:
         return f"ws://127.0.0.1:{self.port}/ws"
 
     def start(self) -> "AppProcess":
-        with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(
-                [sys.executable, str(self.root / "main.py"), *self.args],
-                cwd=self.cwd,
-                env=self.env,
-                stdout=log,
-                stderr=log,
-            )
+        if AppProcess.forking and self.root == ROOT:
+            if AppProcess._starter is None:
+                AppProcess._starter = AppStarter()
+            self.process = AppProcess._starter.start(self.args, self.cwd, self.env, self.log_path)
+        else:
+            with self.log_path.open("ab") as log:
+                self.process = subprocess.Popen(
+                    [sys.executable, str(self.root / "main.py"), *self.args],
+                    cwd=self.cwd,
+                    env=self.env,
+                    stdout=log,
+                    stderr=log,
+                )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -210,6 +220,17 @@ def mode_args(request: pytest.FixtureRequest, mode: str) -> list[str]:
         *("--redis-url", request.getfixturevalue("redis_server")),
         *("--redis-prefix", request.getfixturevalue("redis_prefix")),
     ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def forked_apps() -> Iterator[None]:
+    """Every app of this checkout a test starts is forked from one process that imported it already."""
+    AppProcess.forking = True
+    yield
+    AppProcess.forking = False
+    if AppProcess._starter is not None:
+        AppProcess._starter.close()
+        AppProcess._starter = None
 
 
 @pytest.fixture
