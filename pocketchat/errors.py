@@ -45,6 +45,12 @@ class ImagesNotSupported(ProtocolError):
     code = "images_not_supported"
 
 
+class OverQuota(ProtocolError):
+    """What a frame asks would take the user's stored images over their limit: nothing was sent."""
+
+    code = "over_quota"
+
+
 class RateLimited(ProtocolError):
     """The user went over one of their limits; nothing already running is touched."""
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
 from pocketchat.documents import UploadRefused, file_name, megabytes
-from pocketchat.errors import BadFrame, ImagesNotSupported
+from pocketchat.errors import BadFrame, ImagesNotSupported, OverQuota
 from pocketchat.providers import sees_images
 from pocketchat.records import ImageRecord
 from pocketchat.settings import Settings
@@ -85,6 +85,21 @@ class Images:
         images = [waiting[image_id] for image_id in ids]
         self.refuse_unseen(model, images)
         return images
+
+    async def check_copies(self, conversation_id: str, owner: str, images: Sequence[ImageRecord]) -> None:
+        """An edit stores a copy of each of its message's images (each version keeps its own): OverQuota
+        if the copies would take the user's images over their limit, as an upload would."""
+        limit = self.settings.limit_image_bytes_per_user
+        if not limit or not images:
+            return
+        _, used = await self.store.image_usage(conversation_id, owner)
+        copies = sum(image.size for image in images)
+        if used + copies > limit:
+            raise OverQuota(
+                f"An edit keeps its own copy of the message's images ({megabytes(copies)}), which would take "
+                f"more than your {megabytes(limit)} ({megabytes(used)} now): nothing was sent. Delete some "
+                "conversations first, or send a new message."
+            )
 
     def refuse_unseen(self, model: str, images: Sequence[ImageRecord], again: bool = False) -> None:
         """ImagesNotSupported if there are images and `model` cannot see them. `again`: a regenerate or an

@@ -302,7 +302,8 @@ def test_the_images_of_a_message_and_of_a_user_are_limited_and_bad_names_change_
         [refused] = send(client, "Look", ids)
         assert refused["code"] == "bad_frame" and reason in refused["message"], refused
     assert len(fake.chat_requests) == asked and len(waiting(app, conversation_id)) == 2
-    assert send(client, "Look", [first["id"]])[-1]["status"] == "complete"
+    looked = send(client, "Look", [first["id"]])
+    assert looked[-1]["status"] == "complete"
     # Sent already: it is the first message's, and cannot go with another.
     [refused] = send(client, "Again", [first["id"]])
     assert refused["code"] == "bad_frame" and "sent already" in refused["message"]
@@ -312,6 +313,12 @@ def test_the_images_of_a_message_and_of_a_user_are_limited_and_bad_names_change_
     status, answer = upload(app, other, "4.png", PNG)
     assert status == 409 and "delete some conversations first" in answer["detail"]
     assert count(request, mode, app) == 3
+    # An edit keeps its own copy of its message's images: past the user's bytes, refused, nothing sent.
+    asked = len(fake.chat_requests)
+    client.send("edit", message_id=looked[0]["message"]["id"], content="Look again")
+    refused = client.until("error")[-1]
+    assert refused["code"] == "over_quota" and "nothing was sent" in refused["message"], refused
+    assert len(fake.chat_requests) == asked and count(request, mode, app) == 3
 
 
 @both

@@ -275,6 +275,7 @@ class Client:
             if isinstance(frame, protocol.Regenerate):
                 begin = conversation.begin_regenerate
             else:
+                await self.state.images.check_copies(conversation.id, self.user, answered.images)
                 begin = functools.partial(conversation.begin_edit, frame.message_id, frame.content)
         await begin_turn(self.state, conversation, begin, self.user, self.tools)
 
