@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.conftest import AppProcess
@@ -154,6 +155,41 @@ def test_a_thousand_conversations_import_in_the_background_while_another_user_ch
     assert progress == sorted(progress) and any(0 < done < 1000 for done in progress)
     assert len(listed(app, **ALICE)) == 1000
     assert set(listed(app, **BOB).values()) == {"Hi"}
+
+
+def reading(process: psutil.Process) -> bool:
+    """Whether `process` is an import's reader child (one that just ended is not)."""
+    try:
+        return "pocketchat.transfer.read" in process.cmdline() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_files_uploaded_at_once_are_checked_two_at_a_time_and_all_imported(start_app):
+    app = start_app("--auth", "header")
+    lisbon = json.loads(CHATGPT.read_text())[0]
+    data = json.dumps([copy.deepcopy(lisbon) | {"title": f"Trip {number}"} for number in range(1000)]).encode()
+    users = [{"X-Forwarded-User": f"user{number}"} for number in range(4)]
+    server = psutil.Process(app.process.pid)
+    most, answers = 0, [(0, {})] * len(users)
+
+    def upload_as(number: int) -> None:
+        answers[number] = post_import(app, data, **users[number])
+
+    uploads = [threading.Thread(target=upload_as, args=(number,)) for number in range(len(users))]
+    for upload in uploads:
+        upload.start()
+    while any(upload.is_alive() for upload in uploads):
+        most = max(most, sum(reading(child) for child in server.children()))
+        time.sleep(0.01)
+    assert [status for status, _ in answers] == [202] * 4, answers
+    assert most == 2  # no more than two at once, and two did run at once
+    for user, (_, job) in zip(users, answers, strict=True):
+        deadline = time.monotonic() + 120
+        while job["status"] == "importing" and time.monotonic() < deadline:
+            time.sleep(0.1)
+            job = call(app, "GET", f"/api/imports/{job['id']}", **user)[1]
+    assert all(len(listed(app, **user)) == 1000 for user in users)
 
 
 BAD_FILES = {

@@ -39,6 +39,9 @@ BATCH_CONVERSATIONS = 25
 PAUSE_SECONDS = 0.1
 KEEP_SECONDS = 3600  # how long a finished import's status can be asked for
 READ_TIMEOUT = 300.0  # seconds the child may take to read a file
+# Files checked at once, by all users: each reader child holds its file's parse in memory (hundreds of
+# MiB for a large file); more wait their turn.
+READERS = 2
 
 Status = Literal["importing", "done", "failed"]
 
@@ -75,6 +78,7 @@ class Imports:
         self._jobs: dict[str, ImportJob] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._reading: set[str] = set()  # owners whose file is being checked
+        self._readers = asyncio.Semaphore(READERS)
 
     def job(self, import_id: str, owner: str) -> ImportJob | None:
         """The import by that id, if it is this owner's."""
@@ -95,7 +99,8 @@ class Imports:
             source, lines = os.path.join(folder, "upload.json"), os.path.join(folder, "conversations.jsonl")
             try:
                 await asyncio.to_thread(_copy, upload, source)
-                verdict = await self._read(source, lines)
+                async with self._readers:
+                    verdict = await self._read(source, lines)
             except BaseException:
                 await asyncio.to_thread(shutil.rmtree, folder, True)
                 raise
