@@ -138,9 +138,10 @@ class AppStarter:
         return ForkedProcess(self, pid)
 
     def close(self) -> None:
-        assert self.process.stdin is not None
-        self.process.stdin.close()
+        assert self.process.stdin is not None and self.process.stdout is not None
+        self.process.stdin.close()  # it exits at the end of its input
         self.process.wait(10)
+        self.process.stdout.close()
 
 
 class ForkedProcess:
