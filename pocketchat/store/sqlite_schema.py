@@ -235,13 +235,17 @@ CREATE TRIGGER messages_text_delete AFTER DELETE ON messages WHEN old.status != 
         WHERE id = old.conversation_id AND old.seq NOT IN (SELECT seq FROM messages_unindexed);
     DELETE FROM messages_unindexed WHERE seq = old.seq;
 END;
-CREATE TRIGGER messages_text_update AFTER UPDATE OF content, status ON messages BEGIN
+-- A reply's checkpoints (streaming to streaming) fire neither; its end fires the second alone.
+CREATE TRIGGER messages_text_update AFTER UPDATE OF content, status ON messages WHEN old.status != 'streaming' BEGIN
     INSERT INTO messages_text(messages_text, rowid, content, owner)
         SELECT 'delete', old.seq, old.content, hex(owner) FROM conversations
-        WHERE id = old.conversation_id AND old.status != 'streaming'
-            AND old.seq NOT IN (SELECT seq FROM messages_unindexed);
+        WHERE id = old.conversation_id AND old.seq NOT IN (SELECT seq FROM messages_unindexed);
     DELETE FROM messages_unindexed WHERE seq = old.seq;
     INSERT INTO messages_unindexed(seq) SELECT new.seq WHERE new.status != 'streaming';
+END;
+CREATE TRIGGER messages_text_final AFTER UPDATE OF content, status ON messages
+    WHEN old.status = 'streaming' AND new.status != 'streaming' BEGIN
+    INSERT INTO messages_unindexed(seq) VALUES (new.seq);
 END;
 CREATE TRIGGER messages_unindexed_flush AFTER INSERT ON messages_unindexed
     WHEN (SELECT count(*) FROM messages_unindexed) >= 64 BEGIN
