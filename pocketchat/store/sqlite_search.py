@@ -88,12 +88,12 @@ def _newest(db: sqlite3.Connection, owner: str, query: SearchQuery, most: int, l
     waiting messages are matched by an FTS5 table of this connection's own, made for this search with the
     index's tokenizer, so that the same words match them as will once they are in the index."""
     words = match(query)
-    if leave_out_turn is None:  # FTS5 reads its matches newest first and stops at `most`
+    if leave_out_turn is None:  # the index alone (FTS5 reads its matches newest first, `most` of them)
         indexed = db.execute(
             "SELECT rowid FROM messages_text WHERE messages_text MATCH ? ORDER BY rowid DESC LIMIT ?",
             (owned(owner, words), most),
         )
-    else:  # a join, which reads them all: for the model's tool, which asks for few words, not for one
+    else:  # and each match's row, for its turn
         indexed = db.execute(
             "SELECT t.rowid FROM messages_text t JOIN messages m ON m.seq = t.rowid"
             " WHERE messages_text MATCH ? AND m.turn_id IS NOT ? ORDER BY t.rowid DESC LIMIT ?",
