@@ -12,8 +12,9 @@ is then built whole.
 - inserts: a turn written as the app writes it (the user message and a streaming reply in one
   transaction, then the finished reply in another), one turn after another, with the index and without
   it (SQLite: its triggers dropped; PostgreSQL: its trigger disabled, the GIN index then taking an empty
-  entry a row), three rounds each way, alternated, in the same run: the median turn, as statements
-  alone and through the store (its write queue: what a turn of the app waits for), and the ratios;
+  entry a row), 7 (SQLite) or 3 rounds each way, alternated, in the same run: the median turn, its mean
+  and (SQLite) its median CPU time, as statements alone and through the store (its write queue: what a
+  turn of the app waits for), and the ratios;
 - search: queries of one user through the store's `search` (what GET /api/search runs), 1 to 3 words
   taken from that user's messages (so that they match), a third of them with the last word cut to its
   first 4 to 6 letters as while typing: median and p95.
@@ -29,6 +30,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +65,9 @@ docker kubernetes database query index server error function class deploy memory
 json token model test cache queue deadline budget recipe garden travel invoice contract"""
 SYLLABLES = [c + v for c in "bcdfghjklmnprstvwz" for v in "aeiou"] + ["ar", "en", "or", "is", "an", "el", "on"]
 TURNS = {"sqlite": 1000, "postgres": 200}  # turns written for the insert figures, each way and round
+# Rounds each way: a SQLite turn takes a tenth of a millisecond, which the load of others on the machine
+# swings by as much; more rounds steady its medians.
+ROUNDS = {"sqlite": 7, "postgres": 3}
 
 
 class Corpus:
@@ -123,6 +128,23 @@ class Corpus:
         return queries
 
 
+@dataclass
+class Turns:
+    """A round of turns, in milliseconds: the median and mean wall-clock time of a turn, and the median of
+    this process's CPU time (all of SQLite's work, whichever thread: what the load of others leaves out;
+    of PostgreSQL's only the client's, not reported)."""
+
+    median: float
+    mean: float
+    cpu: float
+
+
+def turns_of(times: list[tuple[float, float]]) -> Turns:
+    """The round's figures from each turn's (wall clock, CPU) in milliseconds."""
+    wall = [ms for ms, _ in times]
+    return Turns(statistics.median(wall), statistics.mean(wall), statistics.median(cpu for _, cpu in times))
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
@@ -140,19 +162,19 @@ def finish(reply: Message) -> None:
     reply.content, reply.status = REPLY_TEXT, "complete"
 
 
-async def store_turns(store: Any, conversation_ids: list[str], turns: int) -> float:
-    """The median time of a turn's writes through the store, as the app makes them (the turn's opening,
-    then its finished reply, each awaited), in milliseconds."""
+async def store_turns(store: Any, conversation_ids: list[str], turns: int) -> Turns:
+    """A turn's writes through the store, as the app makes them (the turn's opening, then its finished
+    reply, each awaited)."""
     times = []
     for n in range(turns):
         conversation_id = conversation_ids[n % len(conversation_ids)]
         user, reply = turn_messages()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         await store.open_turn(conversation_id, None, [user, reply])
         finish(reply)
         await store.save_messages(conversation_id, [reply])
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+        times.append(((time.perf_counter() - started) * 1000, (time.process_time() - cpu) * 1000))
+    return turns_of(times)
 
 
 async def search_times(store: Any, queries: list[str]) -> tuple[list[tuple[str, float, float]], int]:
@@ -173,13 +195,13 @@ async def search_times(store: Any, queries: list[str]) -> tuple[list[tuple[str, 
 # ---- SQLite ----------------------------------------------------------------------------------------
 
 
-def sqlite_turns(db: sqlite3.Connection, conversation_ids: list[str], turns: int) -> float:
-    """The median time of a turn's two transactions, statements only, in milliseconds."""
+def sqlite_turns(db: sqlite3.Connection, conversation_ids: list[str], turns: int) -> Turns:
+    """A turn's two transactions, statements only."""
     times = []
     for n in range(turns):
         conversation_id = conversation_ids[n % len(conversation_ids)]
         user, reply = turn_messages()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         db.execute("BEGIN")
         db.executemany(sqlite.UPSERT_MESSAGE, [user.to_row(conversation_id), reply.to_row(conversation_id)])
         db.execute("COMMIT")
@@ -187,8 +209,8 @@ def sqlite_turns(db: sqlite3.Connection, conversation_ids: list[str], turns: int
         db.execute("BEGIN")
         db.execute(sqlite.UPSERT_MESSAGE, reply.to_row(conversation_id))
         db.execute("COMMIT")
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+        times.append(((time.perf_counter() - started) * 1000, (time.process_time() - cpu) * 1000))
+    return turns_of(times)
 
 
 async def bench_sqlite(corpus: Corpus, queries: list[str], directory: Path) -> dict[str, Any]:
@@ -220,6 +242,7 @@ async def bench_sqlite(corpus: Corpus, queries: list[str], directory: Path) -> d
     for _, sql in triggers:
         db.execute(sql)
     db.execute("INSERT INTO messages_text(messages_text) VALUES ('rebuild')")
+    db.execute("INSERT INTO messages_text(messages_text) VALUES ('optimize')")  # as the schema's step 12 does
     db.execute("INSERT INTO conversations_text(conversations_text) VALUES ('rebuild')")
     db.execute("COMMIT")
     indexed = time.perf_counter() - started
@@ -227,11 +250,11 @@ async def bench_sqlite(corpus: Corpus, queries: list[str], directory: Path) -> d
     await store.open()
     try:
         times, empty = await search_times(store, queries)
-        # Without and with the index in turns (its triggers dropped, then made again), three rounds each:
-        # the machine's load drifts; the rows written without it are simply not found.
-        rounds: dict[str, list[float]] = {"raw": [], "raw_indexed": [], "store": [], "store_indexed": []}
+        # Without and with the index in turns (its triggers dropped, then made again), in rounds: the
+        # machine's load drifts; the rows written without it are simply not found.
+        rounds: dict[str, list[Turns]] = {"raw": [], "raw_indexed": [], "store": [], "store_indexed": []}
         ids = corpus.conversation_ids
-        for _ in range(3):
+        for _ in range(ROUNDS["sqlite"]):
             rounds["raw_indexed"].append(sqlite_turns(db, ids, TURNS["sqlite"]))
             rounds["store_indexed"].append(await store_turns(store, ids, TURNS["sqlite"] // 4))
             for name, _ in triggers:
@@ -243,26 +266,35 @@ async def bench_sqlite(corpus: Corpus, queries: list[str], directory: Path) -> d
     finally:
         await store.close()
         db.close()
-    turns = {name: statistics.median(values) for name, values in rounds.items()}
-    return report("SQLite", loaded, indexed, turns, times, empty, path.stat().st_size)
+    turns = {name: statistics.median(turns.median for turns in values) for name, values in rounds.items()}
+    means = {name: statistics.median(turns.mean for turns in values) for name, values in rounds.items()}
+    cpu = {name: statistics.median(turns.cpu for turns in values) for name, values in rounds.items()}
+    figures = report("SQLite", loaded, indexed, turns, means, times, empty, path.stat().st_size)
+    cpu_figures = {
+        "turn_cpu_ms": {name: round(value, 3) for name, value in cpu.items()},
+        "insert_ratio_statements_cpu": round(cpu["raw_indexed"] / cpu["raw"], 2),
+        "insert_ratio_store_cpu": round(cpu["store_indexed"] / cpu["store"], 2),
+    }
+    print(json.dumps(cpu_figures), flush=True)
+    return figures | cpu_figures
 
 
 # ---- PostgreSQL ------------------------------------------------------------------------------------
 
 
-async def postgres_turns(db: asyncpg.Connection, conversation_ids: list[str], turns: int) -> float:
+async def postgres_turns(db: asyncpg.Connection, conversation_ids: list[str], turns: int) -> Turns:
     times = []
     for n in range(turns):
         conversation_id = conversation_ids[n % len(conversation_ids)]
         user, reply = turn_messages()
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         async with db.transaction():
             await db.executemany(postgres.UPSERT_MESSAGE, [user.to_row(conversation_id), reply.to_row(conversation_id)])
         finish(reply)
         async with db.transaction():
             await db.execute(postgres.UPSERT_MESSAGE, *reply.to_row(conversation_id))
-        times.append((time.perf_counter() - started) * 1000)
-    return statistics.median(times)
+        times.append(((time.perf_counter() - started) * 1000, (time.process_time() - cpu) * 1000))
+    return turns_of(times)
 
 
 async def bench_postgres(corpus: Corpus, queries: list[str], url: str) -> dict[str, Any]:
@@ -291,22 +323,23 @@ async def bench_postgres(corpus: Corpus, queries: list[str], url: str) -> dict[s
         await store.open()
         times, empty = await search_times(store, queries)
         # With and without the index in turns (its trigger enabled, then disabled: the GIN index then
-        # takes an empty entry a row), three rounds each: the machine's load drifts.
-        rounds: dict[str, list[float]] = {"raw": [], "raw_indexed": [], "store": [], "store_indexed": []}
+        # takes an empty entry a row), in rounds: the machine's load drifts.
+        rounds: dict[str, list[Turns]] = {"raw": [], "raw_indexed": [], "store": [], "store_indexed": []}
         ids = corpus.conversation_ids
-        for _ in range(3):
+        for _ in range(ROUNDS["postgres"]):
             rounds["raw_indexed"].append(await postgres_turns(db, ids, TURNS["postgres"]))
             rounds["store_indexed"].append(await store_turns(store, ids, TURNS["postgres"]))
             await db.execute("ALTER TABLE messages DISABLE TRIGGER messages_words")
             rounds["raw"].append(await postgres_turns(db, ids, TURNS["postgres"]))
             rounds["store"].append(await store_turns(store, ids, TURNS["postgres"]))
             await db.execute("ALTER TABLE messages ENABLE TRIGGER messages_words")
-        turns = {name: statistics.median(values) for name, values in rounds.items()}
+        turns = {name: statistics.median(turns.median for turns in values) for name, values in rounds.items()}
+        means = {name: statistics.median(turns.mean for turns in values) for name, values in rounds.items()}
         size = await db.fetchval("SELECT pg_database_size(current_database())")
     finally:
         await store.close()
         await db.close()
-    return report("PostgreSQL", loaded, indexed, turns, times, empty, size)
+    return report("PostgreSQL", loaded, indexed, turns, means, times, empty, size)
 
 
 def report(
@@ -314,6 +347,7 @@ def report(
     loaded: float,
     indexed: float,
     turns: dict[str, float],
+    means: dict[str, float],
     by_query: list[tuple[str, float]],
     empty: int,
     size: int,
@@ -327,6 +361,11 @@ def report(
         "turn_ms": {name: round(value, 3) for name, value in turns.items()},
         "insert_ratio_statements": round(turns["raw_indexed"] / turns["raw"], 2),
         "insert_ratio_store": round(turns["store_indexed"] / turns["store"], 2),
+        # The mean counts the rare turn that does more (SQLite's: the 64th message listed puts the listed
+        # ones in the index), which the median leaves out.
+        "turn_mean_ms": {name: round(value, 3) for name, value in means.items()},
+        "insert_ratio_statements_mean": round(means["raw_indexed"] / means["raw"], 2),
+        "insert_ratio_store_mean": round(means["store_indexed"] / means["store"], 2),
         "search_median_ms": round(statistics.median(times), 2),
         "search_p95_ms": round(percentile(times, 0.95), 2),
         "search_max_ms": round(max(times), 2),

@@ -107,6 +107,16 @@ def test_junk_and_query_syntax_never_fail(app):
     assert search(app, "the and of") == []  # common words only: nothing to look for
 
 
+def test_a_word_holding_a_letter_the_index_takes_for_a_separator_is_found(app):
+    # U+19B0, a New Tai Lue vowel sign: a letter to Python, a separator to FTS5's tokenizer (Unicode 6.1),
+    # for which "ab\u19b0cd" is two words, and two words in one quoted string a phrase, which an index
+    # without positions refuses.
+    _, conversation = chat(app, ALICE, "the word ab\u19b0cd is here")
+    assert [hit["conversation_id"] for hit in search(app, "ab\u19b0cd ")] == [conversation]
+    assert [hit["conversation_id"] for hit in search(app, "ab\u19b0cd")] == [conversation]  # while typed
+    assert search(app, "\u19b0") == []
+
+
 def test_bad_parameters_get_a_clear_422_and_the_limit_is_kept(app):
     bad = ({"q": "x" * 10_000}, {"q": "x", "limit": "0"}, {"q": "x", "limit": "51"}, {"q": "x", "limit": "a"}, {})
     for params in bad:

@@ -18,8 +18,9 @@ import pytest
 
 from pocketchat.errors import StorageError
 from pocketchat.records import ConversationRecord, Message
+from pocketchat.search import parse_query
 from pocketchat.settings import Settings
-from pocketchat.store import Store, make_store
+from pocketchat.store import Store, make_store, sqlite_schema
 from pocketchat.store import postgres as pg_store
 from pocketchat.store import postgres_connection as pg_connection
 from pocketchat.store.postgres import PostgresStore
@@ -146,6 +147,52 @@ def test_deleting_a_conversation_deletes_its_messages(store):
     assert [m.content for m in kept_messages] == ["stays", "gone with it"]
 
 
+def test_search_finds_every_message_at_once_whether_in_the_index_yet_or_waiting_to_go_in_it(store):
+    """SQLite lists a final message for its index and puts the listed ones in it 64 at a time (the
+    schema's step 12): a search finds both, newest first, the owner's only; a reply once it is final; and
+    a deleted message is gone from both at once."""
+
+    async def scenario() -> None:
+        async with opened(store) as db:
+            bob = ConversationRecord(model="m", system_prompt="", owner="bob")
+            first = ConversationRecord(model="m", system_prompt="", owner="alice")
+            second = ConversationRecord(model="m", system_prompt="", owner="alice")
+            await db.open_turn(bob.id, bob, [Message(role="user", content="wombat of bob")])
+            await db.open_turn(first.id, first, [])
+            await db.open_turn(second.id, second, [])
+            written = []
+            for conversation_id, count in ((first.id, 100), (second.id, 50)):
+                for _ in range(count):
+                    written.append(Message(role="user", content=f"wombat number{len(written)}"))
+                    await db.save_messages(conversation_id, [written[-1]])
+
+            async def wombats() -> list[str]:
+                return [hit.content for hit in await db.search_messages("alice", ["wombat"], 500, "none")]
+
+            assert await wombats() == [message.content for message in reversed(written)]
+            if store.kind == "sqlite":  # the second conversation's newest still wait, its oldest are indexed
+                waiting = await db._read(lambda c: c.execute("SELECT count(*) FROM messages_unindexed").fetchone())
+                assert waiting[0] == 151 % 64
+            hits = await db.search("alice", parse_query("number3 "), 50)
+            assert [hit.message_id for hit in hits] == [written[3].id]
+            question, reply = (
+                Message(role="user", content="wombat question"),
+                Message("assistant", "", status="streaming"),
+            )
+            await db.open_turn(second.id, None, [question, reply])
+            reply.content = "wombat answer"
+            await db.save_messages(second.id, [reply])
+            assert (await wombats())[:1] == ["wombat question"]  # not the reply while it streams
+            reply.status = "complete"
+            await db.save_messages(second.id, [reply])
+            assert (await wombats())[:2] == ["wombat answer", "wombat question"]
+            await db.delete_conversation(second.id)
+            assert await wombats() == [message.content for message in reversed(written[:100])]
+            assert await db.search_messages("bob", ["wombat"], 10, "none") != []
+
+    asyncio.run(scenario())
+
+
 def test_a_conversation_two_replicas_both_store_is_stored_once(store):
     async def scenario():
         async with opened(store) as one, opened(store, sweep_streaming=False) as two:
@@ -261,6 +308,28 @@ def test_sessions_live_until_they_expire_or_are_revoked(store):
     assert revoked_all == 3  # ada-2, bob-1 and the expired old-1: every one not revoked before
     assert left == [None, None]
     assert none == set()
+
+
+def test_an_upgraded_files_message_index_is_one_segment_that_the_next_writes_leave_alone(tmp_path):
+    """'rebuild' leaves an index of megabytes in several segments low in FTS5's merge tree, which the merges
+    of the writes after it would copy whole again and again (the writes of a turn twice as slow at a million
+    messages: bench/search.py); the upgrade merges them into one, on the top level."""
+    db = sqlite3.connect(tmp_path / "chat.db")
+    db.create_function("token_hash", 1, lambda value: value)
+    rebuilt = next(n for n, step in enumerate(sqlite_schema.MIGRATIONS) if "'optimize'" in step)
+    for number, step in enumerate(sqlite_schema.MIGRATIONS[:rebuilt], start=1):
+        db.executescript(f"BEGIN; {step} PRAGMA user_version = {number}; COMMIT;")
+    db.execute("INSERT INTO conversations (id, owner, title, model, system_prompt, created_at, updated_at)"
+               " VALUES ('c', 'alice', 'a title', 'm', '', 1, 1)")  # fmt: skip
+    words = [f"w{n:x}" for n in range(200_000)]  # some megabytes of index: FTS5 writes a segment a megabyte
+    messages = [(f"m{n}", " ".join(words[n * 100 : (n + 1) * 100])) for n in range(2000)]
+    db.executemany("INSERT INTO messages (id, conversation_id, role, content, status, created_at)"
+                   " VALUES (?, 'c', 'user', ?, 'complete', 1)", messages)  # fmt: skip
+    db.commit()
+    sqlite_schema.migrate(db)
+    assert db.execute("SELECT count(DISTINCT segid) FROM messages_text_idx").fetchone()[0] == 1
+    assert db.execute("SELECT rowid FROM messages_text WHERE messages_text MATCH 'w1f40'").fetchall() == [(81,)]
+    db.close()
 
 
 def test_make_store_picks_postgresql_for_a_database_url_and_sqlite_never_imports_asyncpg(tmp_path):

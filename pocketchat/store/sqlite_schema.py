@@ -205,6 +205,57 @@ CREATE TABLE shares (
 );
 CREATE INDEX shares_by_conversation ON shares(conversation_id, created_at);
 """,
+    # The message index made cheaper to write (bench/search.py). FTS5 writes a segment of its own at every
+    # statement that indexes a message (the trigger's statement is a savepoint, and FTS5 flushes at each):
+    # a fixed cost several times that of the row itself. So, as PostgreSQL's GIN index keeps a pending
+    # list, a final message is first listed in `messages_unindexed`, by the trigger of the statement that
+    # writes it (in its transaction: what a search sees never drifts), and the messages listed go into
+    # the index together, in one segment, by the statement that lists the 64th; a search also reads the
+    # searcher's listed messages (store/sqlite_search.py). The index keeps neither positions
+    # (detail=column: no query here is a phrase, each word is matched alone; column filters still work)
+    # nor each row's token counts (columnsize=0: messages are ranked from their text). 'rebuild' leaves
+    # the index in a few large segments on a low level of FTS5's merge tree, which the merges of the next
+    # writes would copy whole, again and again; 'optimize' makes them one segment, on the top level.
+    """
+DROP TABLE messages_text;
+CREATE VIRTUAL TABLE messages_text USING fts5(
+    content, owner, content='messages_indexed', content_rowid='seq', tokenize='porter unicode61 remove_diacritics 2',
+    detail=column, columnsize=0
+);
+CREATE TABLE messages_unindexed (seq INTEGER PRIMARY KEY);
+DROP TRIGGER messages_text_insert;
+DROP TRIGGER messages_text_delete;
+DROP TRIGGER messages_text_update;
+CREATE TRIGGER messages_text_insert AFTER INSERT ON messages WHEN new.status != 'streaming' BEGIN
+    INSERT INTO messages_unindexed(seq) VALUES (new.seq);
+END;
+CREATE TRIGGER messages_text_delete AFTER DELETE ON messages WHEN old.status != 'streaming' BEGIN
+    INSERT INTO messages_text(messages_text, rowid, content, owner)
+        SELECT 'delete', old.seq, old.content, hex(owner) FROM conversations
+        WHERE id = old.conversation_id AND old.seq NOT IN (SELECT seq FROM messages_unindexed);
+    DELETE FROM messages_unindexed WHERE seq = old.seq;
+END;
+-- A reply's checkpoints (streaming to streaming) fire neither; its end fires the second alone.
+CREATE TRIGGER messages_text_update AFTER UPDATE OF content, status ON messages WHEN old.status != 'streaming' BEGIN
+    INSERT INTO messages_text(messages_text, rowid, content, owner)
+        SELECT 'delete', old.seq, old.content, hex(owner) FROM conversations
+        WHERE id = old.conversation_id AND old.seq NOT IN (SELECT seq FROM messages_unindexed);
+    DELETE FROM messages_unindexed WHERE seq = old.seq;
+    INSERT INTO messages_unindexed(seq) SELECT new.seq WHERE new.status != 'streaming';
+END;
+CREATE TRIGGER messages_text_final AFTER UPDATE OF content, status ON messages
+    WHEN old.status = 'streaming' AND new.status != 'streaming' BEGIN
+    INSERT INTO messages_unindexed(seq) VALUES (new.seq);
+END;
+CREATE TRIGGER messages_unindexed_flush AFTER INSERT ON messages_unindexed
+    WHEN (SELECT count(*) FROM messages_unindexed) >= 64 BEGIN
+    INSERT INTO messages_text(rowid, content, owner)
+        SELECT seq, content, owner FROM messages_indexed WHERE seq IN (SELECT seq FROM messages_unindexed);
+    DELETE FROM messages_unindexed;
+END;
+INSERT INTO messages_text(messages_text) VALUES ('rebuild');
+INSERT INTO messages_text(messages_text) VALUES ('optimize');
+""",
 ]
 
 

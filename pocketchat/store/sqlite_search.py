@@ -1,7 +1,8 @@
-"""Search in the SQLite file: FTS5 over messages and titles (the tables and triggers of its schema's step
-9), ranked by BM25 (titles by FTS5's; messages from their text, pocketchat/search.py)."""
+"""Search in the SQLite file: FTS5 over messages and titles (the tables and triggers of its schema's steps
+9 and 12), ranked by BM25 (titles by FTS5's; messages from their text, pocketchat/search.py)."""
 
 import json
+import re
 import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -20,11 +21,18 @@ from pocketchat.search import (
     term_patterns,
 )
 
+TOKENIZER = "porter unicode61 remove_diacritics 2"  # the message index's (the schema's step 12)
+# Letters to Python (a later Unicode) that FTS5's tokenizer (Unicode 6.1's categories) takes for separators:
+# a query word holding one is several words to the index, and several in one quoted string would be a
+# phrase, which the message index (detail=column, without positions) refuses.
+SEPARATORS = re.compile("[\u19b0-\u19c0\u19c8\u19c9\u1cf2\u1cf3]+")
+
 
 def match(query: SearchQuery) -> str:
-    """The query in FTS5's syntax: each word quoted (they hold letters and digits only), all of them."""
-    words = [f'"{term}"' for term in query.terms]
-    if query.prefix:
+    """The query in FTS5's syntax: each word quoted (they hold letters and digits only), all of them;
+    empty if no word holds anything the index keeps."""
+    words = [f'"{part}"' for term in query.terms for part in SEPARATORS.split(term) if part]
+    if query.prefix and words:
         words[-1] += "*"
     return " ".join(words)
 
@@ -43,23 +51,68 @@ class SqliteSearch:
 
     async def search(self, owner: str, query: SearchQuery, limit: int) -> list[SearchHit]:
         """The owner's conversations that hold every word of the query, best first (see pocketchat/search.py)."""
-        if not query.terms:
+        if not match(query):
             return []
         return await self._read(lambda db: _search(db, owner, query, limit))
 
     async def search_messages(self, owner: str, terms: list[str], most: int, leave_out_turn: str) -> list[MessageHit]:
         """The owner's newest messages holding every one of `terms`, leaving out those of the turn
         `leave_out_turn` (the model's search tool)."""
-        if not terms:
+        query = SearchQuery(tuple(terms))
+        if not match(query):
             return []
-        query = (
-            "SELECT m.conversation_id, c.title, m.role, m.content, m.created_at FROM messages_text t"
-            " JOIN messages m ON m.seq = t.rowid JOIN conversations c ON c.id = m.conversation_id"
-            " WHERE messages_text MATCH ? AND c.owner = ? AND m.turn_id IS NOT ? ORDER BY t.rowid DESC LIMIT ?"
+
+        def work(db: sqlite3.Connection) -> list[MessageHit]:
+            db.execute("BEGIN")  # the index and the messages waiting to go in it, as of one moment
+            try:
+                seqs = _newest(db, owner, query, most, leave_out_turn)
+                rows = db.execute(
+                    "SELECT m.conversation_id, c.title, m.role, m.content, m.created_at FROM messages m"
+                    " JOIN conversations c ON c.id = m.conversation_id"
+                    " WHERE m.seq IN (SELECT value FROM json_each(?)) ORDER BY m.seq DESC",
+                    (json.dumps(seqs),),
+                ).fetchall()
+            finally:
+                db.rollback()
+            return [MessageHit(*row) for row in rows]
+
+        return await self._read(work)
+
+
+def _newest(db: sqlite3.Connection, owner: str, query: SearchQuery, most: int, leave_out_turn: str | None) -> list[int]:
+    """The keys (seq) of the owner's newest `most` messages holding the query's words, but those of the
+    turn `leave_out_turn`: found in the index, and among the messages waiting to go in it together
+    (`messages_unindexed`, fewer than 64: see the schema's step 12).
+
+    In the index, FTS5 intersects the words with the owner's word: no other user's row is read. The
+    waiting messages are matched by an FTS5 table of this connection's own, made for this search with the
+    index's tokenizer, so that the same words match them as will once they are in the index."""
+    words = match(query)
+    if leave_out_turn is None:  # the index alone (FTS5 reads its matches newest first, `most` of them)
+        indexed = db.execute(
+            "SELECT rowid FROM messages_text WHERE messages_text MATCH ? ORDER BY rowid DESC LIMIT ?",
+            (owned(owner, words), most),
         )
-        args = (owned(owner, match(SearchQuery(tuple(terms)))), owner, leave_out_turn, most)
-        rows = await self._read(lambda db: db.execute(query, args).fetchall())
-        return [MessageHit(*row) for row in rows]
+    else:  # and each match's row, for its turn
+        indexed = db.execute(
+            "SELECT t.rowid FROM messages_text t JOIN messages m ON m.seq = t.rowid"
+            " WHERE messages_text MATCH ? AND m.turn_id IS NOT ? ORDER BY t.rowid DESC LIMIT ?",
+            (owned(owner, words), leave_out_turn, most),
+        )
+    seqs = [seq for (seq,) in indexed]
+    # CROSS JOIN: the few waiting messages first (the planner, knowing no sizes, would start from the
+    # owner's conversations and read all their messages).
+    waiting = db.execute(
+        "SELECT m.seq, m.content FROM messages_unindexed u CROSS JOIN messages m ON m.seq = u.seq"
+        " CROSS JOIN conversations c ON c.id = m.conversation_id"
+        " WHERE c.owner = ? AND (? IS NULL OR m.turn_id IS NOT ?)",
+        (owner, leave_out_turn, leave_out_turn),
+    ).fetchall()
+    if waiting:
+        db.execute(f"CREATE VIRTUAL TABLE temp.waiting USING fts5(content, tokenize='{TOKENIZER}', detail=column)")
+        db.executemany("INSERT INTO temp.waiting(rowid, content) VALUES (?, ?)", waiting)
+        seqs += [seq for (seq,) in db.execute("SELECT rowid FROM temp.waiting WHERE waiting MATCH ?", (words,))]
+    return sorted(seqs, reverse=True)[:most]
 
 
 def _search(db: sqlite3.Connection, owner: str, query: SearchQuery, limit: int) -> list[SearchHit]:
@@ -67,11 +120,9 @@ def _search(db: sqlite3.Connection, owner: str, query: SearchQuery, limit: int) 
     # One snapshot: the candidates, their text and their conversations' titles are read as of one moment.
     db.execute("BEGIN")
     try:
-        # The owner's newest matches: FTS5 intersects the words with the owner's word, and no other user's
-        # row is read. Ranked below, from their text: FTS5's own BM25 would count every row of the
-        # owner's word (its rarity), a read of all the owner's messages at each search.
-        query_rows = "SELECT rowid FROM messages_text WHERE messages_text MATCH ? ORDER BY rowid DESC LIMIT ?"
-        seqs = [seq for (seq,) in db.execute(query_rows, (owned(owner, words), CANDIDATES))]
+        # The owner's newest matches, ranked below from their text: FTS5's own BM25 would count every row
+        # of the owner's word (its rarity), a read of all the owner's messages at each search.
+        seqs = _newest(db, owner, query, CANDIDATES, None)
         found = db.execute(
             "SELECT seq, id, conversation_id, role, content FROM messages"
             " WHERE seq IN (SELECT value FROM json_each(?))",
