@@ -49,6 +49,8 @@ CLOSE_TIMEOUT = 15.0  # seconds close() waits for the writer before it gives up 
 READ_TIMEOUT = 3.0  # seconds a read may take; then the user is told the database is unavailable
 STALL_SECONDS = 1.0  # a write (or probe) the server has not answered for this long makes /healthz fail
 
+# Never `SELECT *`: the search index's vectors (`words`, `title_words`, as long as the text) are never read back.
+CONVERSATION_READ = ", ".join((*CONVERSATION_COLUMNS, "leaf_id"))
 MESSAGE_COLUMNS = (
     "seq, id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at, parent_id"
 )
@@ -191,7 +193,8 @@ class PostgresStore(
             await self._pool.release(db)
 
     async def list_conversations(self, owner: str) -> list[ConversationRecord]:
-        query = "SELECT * FROM conversations WHERE owner = $1 ORDER BY updated_at DESC, created_at DESC"
+        query = f"SELECT {CONVERSATION_READ} FROM conversations WHERE owner = $1"
+        query += " ORDER BY updated_at DESC, created_at DESC"
         rows = await self._read(lambda db: db.fetch(query, owner))
         return [ConversationRecord.from_row(row) for row in rows]
 
@@ -199,10 +202,9 @@ class PostgresStore(
         async def work(db: asyncpg.Connection) -> tuple[ConversationRecord, list[Message]] | None:
             # One snapshot: the messages are those of the conversation as read, not of a later write.
             async with db.transaction(isolation="repeatable_read", readonly=True):
-                row = await db.fetchrow("SELECT * FROM conversations WHERE id = $1", conversation_id)
+                row = await db.fetchrow(f"SELECT {CONVERSATION_READ} FROM conversations WHERE id = $1", conversation_id)
                 if row is None:
                     return None
-                # Not `words`, the search index's vector (as long as the text): never read back.
                 query = f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE conversation_id = $1 ORDER BY seq"
                 messages = [Message.from_row(message) for message in await db.fetch(query, conversation_id)]
                 query = f"SELECT {IMAGE_COLUMNS} FROM images WHERE conversation_id = $1 AND message_id IS NOT NULL"

@@ -54,10 +54,10 @@ class PostgresTransfer:
 
         async def work(db: asyncpg.Connection) -> ConversationTree | None:
             async with db.transaction(isolation="repeatable_read", readonly=True):
-                query = "SELECT * FROM conversations WHERE id = $1 AND owner = $2"
+                query = f"SELECT {', '.join(CONVERSATION_COLUMNS)} FROM conversations WHERE id = $1 AND owner = $2"
                 if (row := await db.fetchrow(query, conversation_id, owner)) is None:
                     return None
-                query = "SELECT * FROM messages WHERE conversation_id = $1 ORDER BY seq"
+                query = f"SELECT {', '.join(MESSAGE_COLUMNS)} FROM messages WHERE conversation_id = $1 ORDER BY seq"
                 return tree_from_rows(row, await db.fetch(query, conversation_id))
 
         return await self._read(work)
