@@ -13,9 +13,10 @@ bench process's own, and the apps' as a multiple of it), checks that every
 reply arrived complete and in order on both sockets (a failure is printed: which way, which
 socket, what it saw), and prints replicas/single ratios (target at 300: p99 first chunk within 3x,
 wall within 1.5x, no failure). Last, it measures what batching the Redis copies once per event-loop
-tick saves over one XADD per chunk.
+tick saves over one XADD per chunk. With `--turns`, the replies are one chunk each, unpaced, and it
+reports the CPU time per turn started instead (the turn's start dominates it).
 
-    .venv/bin/python -m bench.cluster [--conversations 300] [--repeat 3]
+    .venv/bin/python -m bench.cluster [--conversations 300] [--repeat 3] [--turns]
 """
 
 import argparse
@@ -33,7 +34,7 @@ import redis.asyncio as aioredis
 import uvloop
 import websockets
 
-from bench.load import EXPECTED, HIGH_LIMITS, PACE_MS, TOKENS, Run, cpu_seconds, direct, summarize
+from bench.load import HIGH_LIMITS, PACE_MS, TOKENS, Run, cpu_seconds, direct, expected, summarize
 from pocketchat.cluster.produced_log import Copier, ProducedLog
 from pocketchat.cluster.redis_link import RedisLink
 from tests.cluster import TOKEN, Nginx, sign_in, start_replica
@@ -43,7 +44,9 @@ from tests.services import REDIS_URL, free_port, fresh_database, fresh_redis_pre
 SETUP_SECONDS = 30  # a hello unanswered this long stops the benchmark, saying where
 
 
-async def follow(ws: websockets.ClientConnection, start: float | None, hello: dict) -> tuple[float | None, int, str]:
+async def follow(
+    ws: websockets.ClientConnection, start: float | None, hello: dict, tokens: int
+) -> tuple[float | None, int, str]:
     """Read one turn on a socket whose hello was answered `hello`: time to its first chunk (from
     `start`), chunks, and what was wrong with the reply ("": it arrived complete and in order)."""
     if hello["type"] != "ready":
@@ -58,26 +61,26 @@ async def follow(ws: websockets.ClientConnection, start: float | None, hello: di
                 text.append(frame["content"])
                 seqs.append(frame["seq"])
             elif frame["type"] == "error":
-                errors.append(frame["code"])
+                errors.append(f"{frame['code']} ({frame.get('message')})")
             elif frame["type"] == "turn_end":
-                return first, len(seqs), fault(frame["status"], seqs, "".join(text), errors)
+                return first, len(seqs), fault(frame["status"], seqs, "".join(text), errors, tokens)
     except (TimeoutError, websockets.ConnectionClosed) as error:
         return first, len(seqs), f"{len(seqs)} chunks, then {error!r}"
 
 
-def fault(status: str, seqs: list[int], text: str, errors: list[str]) -> str:
+def fault(status: str, seqs: list[int], text: str, errors: list[str], tokens: int) -> str:
     """What is wrong with a reply that ended ("": nothing): its status, errors, the first seq out of place."""
     wrong = [f"error {code}" for code in errors]
     if (due := next((i for i, seq in enumerate(seqs, 1) if seq != i), None)) is not None:
         wrong.append(f"seq {seqs[due - 1]} where {due} was due")  # higher: one missing; lower: one twice
-    elif len(seqs) != TOKENS or text != EXPECTED:
+    elif len(seqs) != tokens or text != expected(tokens):
         wrong.append("text differs")
     if status != "complete" or wrong:
         return ", ".join([f"{len(seqs)} chunks, turn_end {status}", *wrong])
     return ""
 
 
-async def through_app(url: str, n: int, pids: list[int], headers: dict[str, str]) -> Run:
+async def through_app(url: str, n: int, pids: list[int], headers: dict[str, str], tokens: int) -> Run:
     """n conversations: a socket sends the message, a second socket (the next connection: with
     replicas, nginx's round-robin puts it on the other replica) follows the same reply."""
     step = ""
@@ -107,7 +110,9 @@ async def through_app(url: str, n: int, pids: list[int], headers: dict[str, str]
     ) -> tuple:
         start = time.perf_counter()
         await sender.send('{"type":"message","content":"hi"}')
-        sent, followed = await asyncio.gather(follow(sender, start, ready), follow(follower, None, answer))
+        sent, followed = await asyncio.gather(
+            follow(sender, start, ready, tokens), follow(follower, None, answer, tokens)
+        )
         why = "; ".join(f"{who}: {read[2]}" for who, read in (("sender", sent), ("follower", followed)) if read[2])
         return sent[0], sent[1], not why, why
 
@@ -145,6 +150,7 @@ async def batching(n: int) -> tuple[float, float]:
 
 
 def report(runs: dict[str, list[Run]], n: int) -> dict[str, dict[str, float]]:
+    """Each way's medians, printed; `cpu_turn_us`: the CPU time per conversation's turn."""
     medians = {}
     for who, rs in runs.items():
         chunks = statistics.median(r.chunks for r in rs)
@@ -154,26 +160,31 @@ def report(runs: dict[str, list[Run]], n: int) -> dict[str, dict[str, float]]:
             "wall": statistics.median(r.wall for r in rs),
             "rate": statistics.median(r.chunks / r.wall for r in rs),
             "cpu_us": statistics.median(r.cpu / r.chunks * 1e6 for r in rs) if chunks and rs[0].cpu else 0.0,
+            "cpu_turn_us": statistics.median(r.cpu / n * 1e6 for r in rs),
             "failed": sum(r.failures for r in rs),
         }
         medians[who] = m
         print(
             f"{n:>5} {who:>9} {m['p50']:>7.1f}ms {m['p99']:>7.1f}ms {m['wall']:>7.2f} {m['rate']:>9.0f}"
-            f" {m['cpu_us']:>9.0f} {m['failed']:>6}"
+            f" {m['cpu_us']:>9.0f} {m['cpu_turn_us']:>10.0f} {m['failed']:>6}"
         )
     return medians
 
 
-async def measure(n: int, repeat: int, fake_url: str, single: AppProcess, balancer: Nginx, replicas: list) -> None:
-    print(f"fake provider: {TOKENS} chunks, {PACE_MS} ms apart; {n} conversations, 2 sockets each; {repeat} runs")
+async def measure(
+    n: int, repeat: int, fake_url: str, single: AppProcess, balancer: Nginx, replicas: list, tokens: int
+) -> None:
+    pace = PACE_MS if tokens == TOKENS else 0
+    print(f"fake provider: {tokens} chunks, {pace} ms apart; {n} conversations, 2 sockets each; {repeat} runs")
     print(f"\n{'conv':>5} {'who':>9} {'p50 ttft':>9} {'p99 ttft':>9} {'wall s':>7} {'chunks/s':>9} {'cpu us/ch':>9}"
-          f" {'failed':>6}")  # fmt: skip
+          f" {'cpu us/turn':>10} {'failed':>6}")  # fmt: skip
     runs: dict[str, list[Run]] = {"direct": [], "single": [], "replicas": []}
     for _ in range(repeat):
-        runs["direct"].append(await direct(fake_url, n))
-        runs["single"].append(await through_app(single.ws_url, n, [single.process.pid], {}))
+        runs["direct"].append(await direct(fake_url, n, tokens))
+        runs["single"].append(await through_app(single.ws_url, n, [single.process.pid], {}, tokens))
         pids = [replica.process.pid for replica in replicas]
-        runs["replicas"].append(await through_app(balancer.ws_url, n, pids, {"Cookie": sign_in(replicas[0].url)}))
+        cookie = {"Cookie": sign_in(replicas[0].url)}
+        runs["replicas"].append(await through_app(balancer.ws_url, n, pids, cookie, tokens))
     m = report(runs, n)
     failed = [f"{who}, run {i}: {why}" for who, rs in runs.items() for i, r in enumerate(rs, 1) for why in r.why]
     for line in failed[:10]:
@@ -194,6 +205,14 @@ async def measure(n: int, repeat: int, fake_url: str, single: AppProcess, balanc
         f"CPU per chunk against the direct read's: single x{one['cpu_us'] / lean['cpu_us']:.2f},"
         f" replicas x{rep['cpu_us'] / lean['cpu_us']:.2f}"
     )
+    if tokens != TOKENS:
+        # One chunk each: what a turn costs, start to end, against the direct read's per request.
+        per_request = lean["cpu_turn_us"]
+        print(
+            f"CPU per turn: single {one['cpu_turn_us']:.0f} us (x{one['cpu_turn_us'] / per_request:.2f} of the"
+            f" direct read's), replicas {rep['cpu_turn_us']:.0f} us (x{rep['cpu_turn_us'] / per_request:.2f})"
+        )
+        return
     batched, per_chunk = await batching(10_000)
     print(f"\ncopying 10000 chunks to Redis: once per tick {batched:.2f} s, one XADD per chunk {per_chunk:.2f} s"
           f" (x{per_chunk / batched:.1f})")  # fmt: skip
@@ -203,14 +222,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--conversations", type=int, default=300)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--turns", action="store_true", help="one-chunk replies: CPU per turn started")
     args = parser.parse_args()
+    tokens, pace = (1, 0) if args.turns else (TOKENS, PACE_MS)
     fake_port = free_port()
     fake_url = f"http://127.0.0.1:{fake_port}/v1"
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     with tempfile.TemporaryDirectory() as tmp, fresh_database() as database_url, fresh_redis_prefix("bench") as prefix:
         fake = subprocess.Popen(
-            [sys.executable, "-m", "tests.fake_openai", "--port", str(fake_port), "--tokens", str(TOKENS),
-             "--pace-ms", str(PACE_MS)],
+            [sys.executable, "-m", "tests.fake_openai", "--port", str(fake_port), "--tokens", str(tokens),
+             "--pace-ms", str(pace)],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
         )  # fmt: skip
         quiet = ["--model", "fake-model", "--log-level", "warning", *HIGH_LIMITS]
@@ -229,7 +250,7 @@ def main() -> None:
             single.start()
             replicas = [start_replica(Path(tmp), fake_port, shared, *quiet) for _ in range(2)]
             balancer = Nginx(Path(tmp) / "nginx", [replica.port for replica in replicas]).start()
-            uvloop.run(measure(args.conversations, args.repeat, fake_url, single, balancer, replicas))
+            uvloop.run(measure(args.conversations, args.repeat, fake_url, single, balancer, replicas, tokens))
         finally:
             for app in (single, *replicas):
                 try:

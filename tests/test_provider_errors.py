@@ -1,16 +1,15 @@
 """Each way a provider request can time out or fail, for real, and what the turn's error then says."""
 
 import asyncio
-import functools
 import socket
 import time
 from collections.abc import AsyncIterator, Iterator
 
-import httpx2
 import openai
 import pytest
 
 from pocketchat.errors import ProviderError
+from pocketchat.providers import openai_compatible
 from pocketchat.providers.openai_compatible import OpenAIProvider, _chunks
 from tests.fake_openai import Reply
 
@@ -60,11 +59,7 @@ def test_a_connect_timeout_says_it_could_not_connect(full_backlog):
 
 def test_a_pool_timeout_says_no_connection_came_free(fake, monkeypatch):
     # One pooled connection, held by a reply that stalls: the second request can only wait for it.
-    monkeypatch.setattr(
-        openai,
-        "DefaultAioHttpClient",
-        functools.partial(openai.DefaultAioHttpClient, limits=httpx2.Limits(max_connections=1)),
-    )
+    monkeypatch.setattr(openai_compatible, "MAX_CONNECTIONS", 1)
     fake.queue(Reply(count=5, stall_after=1))
     url = f"http://127.0.0.1:{fake.port}/v1"
     provider = OpenAIProvider(url, "sk-test", "fake-model", idle_limit=30, connect_timeout=0.3)
@@ -123,16 +118,25 @@ def test_a_refused_connection_says_why():
     assert seconds < 5
 
 
+class Arriving:
+    """A response whose body arrives in the pieces given, as aiohttp's reads hand it over."""
+
+    url = "http://provider/v1/chat/completions"
+
+    def __init__(self, pieces: tuple[bytes, ...]) -> None:
+        self.content = self
+        self._pieces = iter(pieces)
+
+    async def iter_any(self) -> AsyncIterator[bytes]:
+        for piece in self._pieces:
+            yield piece
+
+
 def read_events(*pieces: bytes) -> list[object]:
     """The chunks the provider's SSE reader gets from a response body that arrives in `pieces`."""
 
-    async def body() -> AsyncIterator[bytes]:
-        for piece in pieces:
-            yield piece
-
     async def read() -> list[object]:
-        response = httpx2.Response(200, content=body(), request=httpx2.Request("POST", "http://provider/v1"))
-        return [chunk async for chunk in _chunks(response)]
+        return [chunk async for chunk in _chunks(Arriving(pieces))]  # type: ignore[arg-type]
 
     return asyncio.run(read())
 

@@ -1,10 +1,10 @@
 """Any OpenAI-compatible endpoint (OpenAI, OpenRouter, Ollama, vLLM, llama.cpp server) as a chat provider."""
 
+import asyncio
 import contextlib
 import json
 import logging
 import re
-import ssl
 import traceback
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -12,10 +12,10 @@ from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 import aiohttp
-import anyio
 import httpx2
 import openai
 import orjson
+import yarl
 
 from pocketchat.errors import ProviderError
 from utils.llm_stream import Chunk, Sampling, ToolOffer
@@ -26,6 +26,10 @@ RETRYABLE_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
 # How long what follows a stream's `[DONE]` is read (the SDK's own wait), so the connection can be used again.
 DRAIN_SECONDS = 0.1
 KEY_PATTERN = re.compile(r"\b(sk|or|key)-[A-Za-z0-9_\-*]{8,}")
+# The streaming request's pool, as the SDK's: at most this many connections open at once, and a
+# free one kept this many seconds (a server such as uvicorn closes an idle one after 5 s).
+MAX_CONNECTIONS = 1000
+KEEPALIVE_SECONDS = 5.0
 
 
 class OpenAIProvider:
@@ -64,6 +68,15 @@ class OpenAIProvider:
         self._api_key = api_key
         authorization = basic_auth or (None if api_key else openai.Omit())
         self._headers: dict[str, Any] = {} if authorization is None else {"Authorization": authorization}
+        # The streaming request is sent with aiohttp directly (README, Benchmarks): the SDK's headers
+        # (its key or none, its user agent, organization and project) and URL, computed once.
+        self._chat_url = f"{self.client.base_url}chat/completions"
+        self._chat_headers = _sent_headers({**self.client.auth_headers, **self.client.default_headers, **self._headers})
+        # The SDK's aiohttp transport's mapping: `connect` bounds the wait for a pooled connection too.
+        self._chat_timeout = aiohttp.ClientTimeout(
+            total=None, connect=connect_timeout, sock_connect=connect_timeout, sock_read=idle_limit
+        )
+        self._session: aiohttp.ClientSession | None = None
         self._model = model
         self._without_tools: set[str] = set()  # models that refused a request with tools
         self.temperature = temperature
@@ -161,16 +174,48 @@ class OpenAIProvider:
         try:
             yield self._errors_translated(_chunks(response))
         finally:
-            await response.aclose()
+            # A response not read to its end closes its connection here: the provider sees it.
+            response.release()
 
-    async def _post(self, body: dict[str, Any]) -> httpx2.Response:
-        # The SDK sends the request (base URL, auth, timeouts, its error for an HTTP error status) and
-        # hands back the response unread: `_chunks` reads its events with a third less CPU per chunk
-        # than the SDK's AsyncStream, which decodes line by line into an event object each.
-        response: httpx2.Response = await self.client.post(
-            "/chat/completions", body=body, cast_to=httpx2.Response, stream=True, options={"headers": self._headers}
-        )
+    async def _post(self, body: dict[str, Any]) -> aiohttp.ClientResponse:
+        """The streaming request, sent with aiohttp directly rather than through the SDK's request
+        options, httpx2 and its aiohttp transport (the largest part of a turn's start in a profile);
+        what goes wrong raises the SDK's exception for it, so `translate` says the same as before."""
+        try:
+            response = await self._pool().post(
+                self._chat_url, data=_json_body(body), headers=self._chat_headers, timeout=self._chat_timeout
+            )
+        except TimeoutError as error:  # aiohttp's timeouts are TimeoutErrors
+            raise openai.APITimeoutError(request=_named_request(self._chat_url)) from error
+        except (aiohttp.ClientError, OSError) as error:
+            raise openai.APIConnectionError(request=_named_request(self._chat_url)) from error
+        if response.status >= 400:
+            raise await self._status_error(response, _named_request(self._chat_url))
         return response
+
+    def _pool(self) -> aiohttp.ClientSession:
+        """The streaming requests' session, opened on first use: it needs the running event loop."""
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(
+                limit=MAX_CONNECTIONS, keepalive_timeout=KEEPALIVE_SECONDS, ssl=httpx2.create_ssl_context()
+            )
+            # The environment's proxy settings count, as they do for the SDK; looked up once here rather
+            # than by aiohttp's trust_env on every request, where with ~/.netrc's read they took about
+            # a third of the request's CPU in a profile.
+            proxy, proxy_auth = _env_proxy(self._chat_url)
+            self._session = aiohttp.ClientSession(connector=connector, proxy=proxy, proxy_auth=proxy_auth)
+        return self._session
+
+    async def _status_error(self, response: aiohttp.ClientResponse, request: httpx2.Request) -> openai.APIStatusError:
+        """The SDK's own exception for an HTTP error status, built by the SDK from the body."""
+        try:
+            content = await response.read()
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            content = b""
+        finally:
+            response.release()
+        read = httpx2.Response(response.status, headers=response.raw_headers, content=content, request=request)
+        return self.client._make_status_error_from_response(read)
 
     async def _errors_translated(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
         try:
@@ -211,9 +256,10 @@ class OpenAIProvider:
 
     def _timed_out(self, error: openai.APITimeoutError) -> str | None:
         """Which wait ran out, said plainly; None when `error` is no timeout at all. The SDK's aiohttp
-        transport maps every aiohttp connection error, a refused connection included, to a timeout, so
-        only the causes tell: a ConnectionTimeoutError ends the wait for a connection (new or pooled),
-        a TimeoutError at the bottom (aiohttp's SocketTimeoutError) the wait for the provider's bytes."""
+        transport (the model list, the embeddings) maps every aiohttp connection error, a refused
+        connection included, to a timeout, so only the causes tell: a ConnectionTimeoutError ends the
+        wait for a connection (new or pooled), a TimeoutError at the bottom (aiohttp's
+        SocketTimeoutError) the wait for the provider's bytes."""
         causes = _causes(error)
         if any(isinstance(cause, aiohttp.ConnectionTimeoutError) for cause in causes):
             if _cut_off_waiting_for_the_pool(causes):
@@ -228,16 +274,18 @@ class OpenAIProvider:
 
     async def aclose(self) -> None:
         await self.client.close()
+        if self._session is not None:
+            await self._session.close()
 
 
-async def _chunks(response: httpx2.Response) -> AsyncIterator[Chunk]:
+async def _chunks(response: aiohttp.ClientResponse) -> AsyncIterator[Chunk]:
     """The chunks of a chat completion's server-sent events, each `data` parsed as JSON, as the SDK's
     AsyncStream reads them (an `error` in one raises APIError; `[DONE]` ends them), but with one split
     per network read rather than work per line, and orjson (README, Benchmarks)."""
     rest = b""  # the start of a line not ended yet
     data: list[bytes] = []  # the `data` lines of the event being read
     try:
-        async for received in response.aiter_bytes():
+        async for received in response.content.iter_any():
             lines = (rest + received).split(b"\n")
             rest = lines.pop()
             for line in lines:
@@ -255,23 +303,52 @@ async def _chunks(response: httpx2.Response) -> AsyncIterator[Chunk]:
                     return
                 chunk = _json(event)
                 if isinstance(chunk, dict) and chunk.get("error"):
-                    raise openai.APIError(_stream_error_message(chunk["error"]), response.request, body=chunk["error"])
+                    request = _named_request(str(response.url))
+                    raise openai.APIError(_stream_error_message(chunk["error"]), request, body=chunk["error"])
                 yield chunk
-    except httpx2.TimeoutException as error:
-        raise openai.APITimeoutError(request=response.request) from error
-    except (httpx2.RequestError, ssl.SSLError, anyio.EndOfStream) as error:
-        raise openai.APIConnectionError(request=response.request) from error
+    except TimeoutError as error:  # aiohttp's read timeout
+        raise openai.APITimeoutError(request=_named_request(str(response.url))) from error
+    except (aiohttp.ClientError, OSError) as error:
+        raise openai.APIConnectionError(request=_named_request(str(response.url))) from error
 
 
-async def _drain(response: httpx2.Response) -> None:
+async def _drain(response: aiohttp.ClientResponse) -> None:
     """Read what follows `[DONE]` for a moment, as the SDK does, so that the connection can be used again;
     the reply is complete, so a server that keeps the response open, or fails now, changes nothing."""
-    with anyio.move_on_after(DRAIN_SECONDS):
-        with contextlib.suppress(
-            httpx2.HTTPError, httpx2.StreamError, aiohttp.ClientError, ssl.SSLError, anyio.EndOfStream
-        ):
-            async for _ in response.aiter_bytes():
+    with contextlib.suppress(TimeoutError, aiohttp.ClientError, OSError):
+        async with asyncio.timeout(DRAIN_SECONDS):
+            async for _ in response.content.iter_any():
                 pass
+
+
+def _named_request(url: str) -> httpx2.Request:
+    """The request the SDK's exceptions name (only its method and URL are read); made only for one,
+    since httpx2 parses the URL (a third of the request's CPU when it was made for every request)."""
+    return httpx2.Request("POST", url)
+
+
+def _env_proxy(url: str) -> tuple[str | None, aiohttp.BasicAuth | None]:
+    """The proxy the environment names for `url` (HTTP(S)_PROXY, NO_PROXY), and its credentials, as
+    aiohttp's trust_env finds them; none when none is named."""
+    try:
+        proxy, auth = aiohttp.helpers.get_env_proxy_for_url(yarl.URL(url))
+    except LookupError:
+        return None, None
+    return str(proxy), auth
+
+
+def _json_body(body: dict[str, Any]) -> bytes:
+    try:
+        return orjson.dumps(body)
+    except TypeError:
+        # What orjson refuses to write and the json module writes (escaped): a lone surrogate, an
+        # integer over 64 bits.
+        return json.dumps(body).encode()
+
+
+def _sent_headers(headers: dict[str, Any]) -> dict[str, str]:
+    """The headers as sent: the SDK's Omit marks one that is not."""
+    return {name: value for name, value in headers.items() if not isinstance(value, openai.Omit)}
 
 
 def _json(data: bytes) -> Any:
