@@ -50,7 +50,7 @@ class AppState:
         self.sign_in = SignIn(settings, store, self.limits)
         self.default_model = settings.model
         # Imported conversations whose file names no model get the app's default.
-        self.imports = Imports(settings, store, lambda: self.default_model or "")
+        self.imports = Imports(settings, store, lambda: self.default_model or "", self.coordinator)
         self._resolving: asyncio.Task[None] | None = None
         self.draining = False  # SIGTERM: the running replies may finish before shutdown stops them
         self._sockets: dict[str, set[SignedInSocket]] = {}  # by session id

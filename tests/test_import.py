@@ -157,6 +157,28 @@ def test_a_thousand_conversations_import_in_the_background_while_another_user_ch
     assert set(listed(app, **BOB).values()) == {"Hi"}
 
 
+def test_an_imports_progress_can_be_asked_of_any_replica(mode, start_app):
+    if mode == "single":
+        pytest.skip("replicas only")
+    # Behind a round-robin proxy, the page's polls reach both replicas in turn.
+    a, b = start_app("--auth", "header"), start_app("--auth", "header")
+    lisbon = json.loads(CHATGPT.read_text())[0]
+    many = [copy.deepcopy(lisbon) | {"title": f"Trip {number}"} for number in range(1000)]
+    status, job = post_import(a, json.dumps(many).encode(), **ALICE)
+    assert status == 202
+    seen = [call(b, "GET", f"/api/imports/{job['id']}", **ALICE)]
+    assert seen[0][0] == 200 and seen[0][1]["total"] == 1000  # at once: as the upload's answer went out
+    while seen[-1][1].get("status") == "importing":
+        time.sleep(0.05)
+        seen.append(call(b, "GET", f"/api/imports/{job['id']}", **ALICE))
+    assert {code for code, _ in seen} == {200}
+    assert seen[-1][1] == call(a, "GET", f"/api/imports/{job['id']}", **ALICE)[1]
+    assert seen[-1][1]["status"] == "done" and seen[-1][1]["imported"] == 1000
+    progress = [answer["imported"] for _, answer in seen]
+    assert progress == sorted(progress) and any(0 < done < 1000 for done in progress)
+    assert call(b, "GET", f"/api/imports/{job['id']}", **BOB)[0] == 404  # an import is its importer's
+
+
 def reading(process: psutil.Process) -> bool:
     """Whether `process` is an import's reader child (one that just ended is not)."""
     try:

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from pocketchat.cluster.local import LocalCoordinator
 from pocketchat.settings import Settings
 from pocketchat.store import Store
 from pocketchat.transfer import imports as imports_module
@@ -18,6 +19,7 @@ from tests.test_store import opened
 from tests.test_store import store as store  # the fixture: both stores
 
 CHATGPT = Path(__file__).parent / "files" / "chatgpt_conversations.json"
+SETTINGS = Settings(_cli_parse_args=[])  # type: ignore[call-arg]
 
 
 def many(count: int) -> bytes:
@@ -28,7 +30,7 @@ def many(count: int) -> bytes:
 async def run_import(db: Store, data: bytes, tmp_path: Path) -> Any:
     upload = tmp_path / "upload.json"
     upload.write_bytes(data)
-    imports = Imports(Settings(_cli_parse_args=[]), db, lambda: "default-model")  # type: ignore[call-arg]
+    imports = Imports(SETTINGS, db, lambda: "default-model", LocalCoordinator(SETTINGS))
     with upload.open("rb") as file:
         job = await imports.start("alice", file)
     while job.status == "importing":
@@ -84,7 +86,7 @@ def test_a_process_that_stops_mid_import_keeps_nothing_of_it(store, tmp_path, mo
         async with opened(store) as db:
             upload = tmp_path / "upload.json"
             upload.write_bytes(many(200))
-            imports = Imports(Settings(_cli_parse_args=[]), db, lambda: "m")  # type: ignore[call-arg]
+            imports = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS))
             with upload.open("rb") as file:
                 job = await imports.start("alice", file)
             while job.imported < 10:
@@ -114,7 +116,7 @@ def test_a_user_runs_one_import_at_a_time_and_another_user_is_not_held_up(store,
         async with opened(store) as db:
             upload = tmp_path / "upload.json"
             upload.write_bytes(many(100))
-            imports = Imports(Settings(_cli_parse_args=[]), db, lambda: "m")  # type: ignore[call-arg]
+            imports = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS))
             with upload.open("rb") as one, upload.open("rb") as two, upload.open("rb") as three:
                 first, second = await asyncio.gather(
                     imports.start("alice", one), imports.start("alice", two), return_exceptions=True
@@ -122,7 +124,7 @@ def test_a_user_runs_one_import_at_a_time_and_another_user_is_not_held_up(store,
                 bobs = await imports.start("bob", three)
             while "importing" in (first.status, bobs.status):
                 await asyncio.sleep(0.01)
-            return first, second, bobs, imports.job(first.id, "bob")
+            return first, second, bobs, await imports.state(first.id, "bob")
 
     first, second, bobs, seen_by_bob = asyncio.run(scenario())
     assert isinstance(second, ImportRunning)

@@ -94,6 +94,15 @@ class Coordinator(Protocol):
     def deleted(self, conversation_id: str) -> None:
         """It is deleted: the other replicas' sockets on it are told, and let go."""
 
+    # ---- an import -------------------------------------------------------------------------------
+
+    async def import_progressed(self, import_id: str, owner: str, wire: dict[str, Any]) -> None:
+        """An import running here got further (`wire`: what `GET /api/imports/{id}` says): kept where
+        the other replicas find it, as long as its status can be asked for."""
+
+    async def find_import(self, import_id: str) -> tuple[str, dict[str, Any]] | None:
+        """An import that runs (or ran) on another replica: its owner and its state."""
+
 
 def make_coordinator(settings: Settings, hub: Hub, store: Store) -> Coordinator:
     """The coordinator the settings ask for: replicas linked through Redis with `--redis-url`, else

@@ -51,6 +51,12 @@ class LocalCoordinator(NoOtherReplicas):
     async def deleting(self, conversation_id: str) -> None:
         return None
 
+    async def import_progressed(self, import_id: str, owner: str, wire: dict[str, Any]) -> None:
+        return None
+
+    async def find_import(self, import_id: str) -> tuple[str, dict[str, Any]] | None:
+        return None
+
     def deleted(self, conversation_id: str) -> None:
         return None
 

@@ -243,6 +243,9 @@ class RedisLink:
     def new_conversation_key(self, conversation_id: str) -> str:
         return f"{self.prefix}new:{conversation_id}"
 
+    def import_key(self, import_id: str) -> str:
+        return f"{self.prefix}import:{import_id}"
+
     def frozen_since(self, moment: float) -> bool:
         """Whether this process was frozen (SIGSTOP, a VM pause) at some time after `moment`: its clock
         thread noticed a freeze end since, or it is late now (the process is just waking up)."""

@@ -51,6 +51,7 @@ from pocketchat.limits import Lease, Limits, Taken
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, new_id
 from pocketchat.settings import Settings
 from pocketchat.store import Store
+from pocketchat.transfer.imports import KEEP_SECONDS as IMPORT_KEEP_SECONDS
 from pocketchat.turn_log import TurnLog
 
 logger = logging.getLogger("pocketchat")
@@ -323,6 +324,27 @@ class Replicas:
             for subscriber in list(live.subscribers):
                 subscriber.detach()
             self.hub.forget(conversation_id)
+
+    # ---- imports (a page may ask any replica how far one got) -----------------------------------
+
+    async def import_progressed(self, import_id: str, owner: str, wire: dict[str, Any]) -> None:
+        # Awaited by the import, so that its states land in order; a Redis that fails costs the other
+        # replicas the news, not the import.
+        try:
+            value = json.dumps({"owner": owner, "job": wire})
+            await self.link.client.set(self.link.import_key(import_id), value, ex=IMPORT_KEEP_SECONDS)
+        except REDIS_FAILURES as error:
+            logger.warning("could not tell the other replicas how import %s… is going: %s", import_id[:6], error)
+
+    async def find_import(self, import_id: str) -> tuple[str, dict[str, Any]] | None:
+        try:
+            found = await self.link.client.get(self.link.import_key(import_id))
+        except REDIS_FAILURES:
+            return None
+        if found is None:
+            return None
+        kept = json.loads(found)
+        return kept["owner"], kept["job"]
 
     # ---- new conversations (stored with their first turn) ---------------------------------------
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO, Literal
+from typing import Any, BinaryIO, Literal, Protocol
 
 from pocketchat.records import new_id
 from pocketchat.settings import Settings
@@ -64,6 +64,15 @@ class ImportJob:
         return wire | ({"error": self.error} if self.error else {})
 
 
+class Progress(Protocol):
+    """Where an import's state is kept for the other replicas (the app's coordinator: with replicas, a
+    page's next poll may reach another one)."""
+
+    async def import_progressed(self, import_id: str, owner: str, wire: dict[str, Any]) -> None: ...
+
+    async def find_import(self, import_id: str) -> tuple[str, dict[str, Any]] | None: ...
+
+
 class ImportRunning(Exception):
     """The user has an import under way already."""
 
@@ -71,19 +80,26 @@ class ImportRunning(Exception):
 class Imports:
     """The imports of this process, by id; each user runs one at a time."""
 
-    def __init__(self, settings: Settings, store: Store, default_model: Callable[[], str]) -> None:
+    def __init__(self, settings: Settings, store: Store, default_model: Callable[[], str], progress: Progress) -> None:
         self.settings = settings
         self.store = store
         self.default_model = default_model  # for conversations whose file names none
+        self.progress = progress
         self._jobs: dict[str, ImportJob] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._reading: set[str] = set()  # owners whose file is being checked
         self._readers = asyncio.Semaphore(READERS)
 
-    def job(self, import_id: str, owner: str) -> ImportJob | None:
-        """The import by that id, if it is this owner's."""
-        job = self._jobs.get(import_id)
-        return job if job is not None and job.owner == owner else None
+    async def state(self, import_id: str, owner: str) -> dict[str, Any] | None:
+        """How far the import by that id got (what `GET /api/imports/{id}` says), if it is this owner's:
+        run here, or on another replica."""
+        if (job := self._jobs.get(import_id)) is not None:
+            return job.to_wire() if job.owner == owner else None
+        found = await self.progress.find_import(import_id)
+        return found[1] if found is not None and found[0] == owner else None
+
+    async def _tell(self, job: ImportJob) -> None:
+        await self.progress.import_progressed(job.id, job.owner, job.to_wire())
 
     async def start(self, owner: str, upload: BinaryIO) -> ImportJob:
         """Check the uploaded file whole (BadFile if it cannot be imported: nothing is written), then
@@ -108,6 +124,7 @@ class Imports:
             self._reading.discard(owner)
         job = ImportJob(owner, verdict["conversations"], verdict["dropped"])
         self._jobs[job.id] = job
+        await self._tell(job)  # before its id goes out: the page's first poll may reach another replica
         task = asyncio.create_task(self._write(job, lines, folder), name=f"import {job.id[:6]}")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -161,6 +178,7 @@ class Imports:
             logger.info("import %s: %d conversations in %.1f s", job.id[:6], job.imported, time.monotonic() - started)
         finally:
             job.ended_at = time.monotonic()
+            await self._tell(job)
             await asyncio.to_thread(shutil.rmtree, folder, True)
 
     def _tree(self, line: str) -> ConversationTree:
@@ -175,6 +193,7 @@ class Imports:
         job.written += [tree.id for tree in batch]
         await self.store.import_conversations(job.owner, batch)
         job.imported += len(batch)
+        await self._tell(job)
         await asyncio.sleep(PAUSE_SECONDS)  # an import is never urgent: the writer serves chats first
 
     async def _undo(self, job: ImportJob) -> None:

@@ -73,7 +73,8 @@ async def start_import(request: Request, file: UploadFile) -> JSONResponse:
 async def import_progress(request: Request, import_id: str) -> dict[str, Any]:
     """How far the user's import got: `status` importing, done or failed (with `error`: then nothing
     of it was kept)."""
-    job = chat_state(request.app).imports.job(import_id, user_of(request)) if possible_id(import_id) else None
-    if job is None:
+    imports = chat_state(request.app).imports
+    state = await imports.state(import_id, user_of(request)) if possible_id(import_id) else None
+    if state is None:
         raise HTTPException(404, "No import of yours has that id.")
-    return job.to_wire()
+    return state
