@@ -16,6 +16,7 @@ import llama_cpp
 import pytest
 
 from bench.local_model import repeated_4gram_share
+from pocketchat.providers import local as local_module
 from pocketchat.providers.local import (
     CONTEXT_TOKENS,
     SAMPLING,
@@ -289,6 +290,21 @@ def test_a_damaged_weights_file_is_refused_with_the_install_command(tmp_path):
         file.write(b"\0\0\0\0")
     with pytest.raises(LocalModelMissing, match="checksum"):
         verify_weights(altered, 98_362_432, "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53")
+
+
+def test_the_embedded_models_checksum_is_read_when_it_loads_not_at_start(tmp_path, monkeypatch):
+    # Every app beside a remote provider makes the embedded one; reading its 98 MB at each start cost
+    # the test suite minutes of CPU, and an app's start a fifth of a second.
+    altered = tmp_path / "altered.gguf"
+    shutil.copy(default_model_path(), altered)
+    with altered.open("r+b") as file:
+        file.seek(5000)
+        file.write(b"\0\0\0\0")
+    monkeypatch.setattr(local_module, "default_model_path", lambda: altered)
+    provider = LocalProvider(None, max_tokens=8)  # its size is right: made at once
+    with pytest.raises(LocalModelMissing, match="checksum"):
+        provider.load()
+    asyncio.run(provider.aclose())
 
 
 def test_without_weights_the_app_starts_and_says_how_to_fix_it(start_app, tmp_path):

@@ -195,12 +195,11 @@ class LocalProvider:
     kind = "local"
 
     def __init__(self, model_path: Path | None, max_tokens: int | None, temperature: float | None = None) -> None:
-        if model_path is None:
-            self.path = default_model_path()
-            verify_weights(self.path, DEFAULT_SIZE, DEFAULT_SHA256)
-        else:
-            self.path = model_path
-            verify_weights(self.path, None, None)
+        self.path = default_model_path() if model_path is None else model_path
+        # Its size now; its checksum (a read of the whole file) just before llama.cpp loads it: every
+        # app started beside a remote provider makes one of these, and few of them ever load it.
+        self._sha256 = DEFAULT_SHA256 if model_path is None else None
+        verify_weights(self.path, DEFAULT_SIZE if model_path is None else None, None)
         self.model_name = self.path.stem
         self.is_demo = model_path is None
         self.max_tokens = max_tokens or DEFAULT_MAX_TOKENS
@@ -231,6 +230,7 @@ class LocalProvider:
     def load(self) -> None:
         """Load the weights (on the worker thread; once per process)."""
         if self._llama is None:
+            verify_weights(self.path, None, self._sha256)
             self._llama = open_llama(self.path)
             logger.info("loaded %s", self.path.name)
 
