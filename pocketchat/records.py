@@ -135,6 +135,10 @@ def with_images(messages: list[Message], images: Iterable[ImageRecord]) -> list[
     return messages
 
 
+# The range of each of a conversation's own sampling values, as a PATCH and an import check them (the
+# reply's tokens: a bound on nonsense, well above any model's reply).
+SAMPLING_RANGES = {"temperature": (0, 2), "top_p": (0, 1), "max_tokens": (1, 1_000_000)}
+
 # The fields of a conversation's record that can be changed (PATCH), each written on its own.
 RECORD_FIELDS = ("title", "model", "system_prompt", "tools_off", "sampling")
 CONVERSATION_COLUMNS = (

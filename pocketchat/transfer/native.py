@@ -8,6 +8,7 @@ writes and the import reads back, the whole tree of messages with every version.
 
 from typing import Any
 
+from pocketchat.records import SAMPLING_RANGES
 from pocketchat.transfer.tree import ROLES, STATUSES, BadFile, ConversationTree, TreeMessage, check_tree, number, text
 
 FORMAT = "pocketchat.conversation"
@@ -15,8 +16,6 @@ VERSION = 1
 ID_CHARS = 200  # an id in a file: ours are 22 characters, other apps' longer; never a megabyte
 TITLE_CHARS = 1_000
 PROMPT_CHARS = 100_000
-# A conversation's sampling values, as PATCH /api/conversations/{id} checks them.
-SAMPLING_RANGES = {"temperature": (0, 2), "top_p": (0, 1), "max_tokens": (1, 1_000_000)}
 
 
 def to_file(tree: ConversationTree) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from pocketchat.errors import StorageError, Unavailable
 from pocketchat.export import conversation_markdown
 from pocketchat.protocol import Unicode
 from pocketchat.providers import available_models
+from pocketchat.records import SAMPLING_RANGES
 from pocketchat.state import chat_state
 from pocketchat.web.pages import render_page
 from pocketchat.web.sign_in import user_of, visitor_of
@@ -124,16 +125,25 @@ Name = Annotated[str, StringConstraints(strict=True, strip_whitespace=True, min_
 SourceName = Annotated[str, StringConstraints(strict=True, pattern=r"^[A-Za-z0-9_-]{1,64}$")]
 
 
-MAX_REPLY_TOKENS = 1_000_000  # a bound on nonsense, well above any model's reply
+def sampling_value(name: str, kind: type) -> Any:
+    """One of a conversation's sampling values: a `kind` within its range (records.SAMPLING_RANGES)."""
+    low, high = SAMPLING_RANGES[name]
+    finite = {"allow_inf_nan": False} if kind is float else {}
+    return Annotated[kind, Field(strict=True, ge=low, le=high, **finite)]
+
+
+Temperature = sampling_value("temperature", float)
+TopP = sampling_value("top_p", float)
+MaxTokens = sampling_value("max_tokens", int)
 
 
 class SamplingChanges(BaseModel):
     """A conversation's own sampling: a value sets it, `null` clears it (back to the provider's default,
     which is then not sent), a field left out stays as it is."""
 
-    temperature: Annotated[float, Field(strict=True, ge=0, le=2, allow_inf_nan=False)] | None = None
-    top_p: Annotated[float, Field(strict=True, ge=0, le=1, allow_inf_nan=False)] | None = None
-    max_tokens: Annotated[int, Field(strict=True, ge=1, le=MAX_REPLY_TOKENS)] | None = None
+    temperature: Temperature | None = None
+    top_p: TopP | None = None
+    max_tokens: MaxTokens | None = None
 
     def applied_to(self, sampling: dict[str, float]) -> dict[str, float]:
         given = self.model_dump(include=self.model_fields_set)
