@@ -81,6 +81,7 @@ def _fork(request: dict[str, Any]) -> int:
         os.environ.clear()
         os.environ.update(request["env"])
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGUSR2, _print_what_it_does)
         sys.argv = [str(ROOT / "main.py"), *request["args"]]
         code = _run_main(request["args"])
     except BaseException:
@@ -89,6 +90,27 @@ def _fork(request: dict[str, Any]) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
+
+
+def _print_what_it_does(_signal: int, _frame: object) -> None:
+    """SIGUSR2: print every thread's stack and every asyncio task's to the app's log, for a test that
+    waited on the app in vain (`ForkedProcess.wait`) to show what it was doing."""
+    import asyncio
+    import faulthandler
+
+    faulthandler.dump_traceback(all_threads=True)
+    try:
+        tasks = asyncio.all_tasks(asyncio.get_running_loop())
+    except RuntimeError:
+        return  # no loop running (starting, or exiting)
+    for task in tasks:
+        print(f"task {task.get_name()}:", file=sys.stderr)
+        awaited = task.get_coro()
+        while awaited is not None:  # each coroutine down the chain of awaits, not only the task's own
+            if (frame := getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)) is not None:
+                print(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}", file=sys.stderr)
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+    sys.stderr.flush()
 
 
 def _run_main(args: list[str]) -> int:
@@ -161,6 +183,8 @@ class ForkedProcess:
         deadline = None if timeout is None else time.monotonic() + timeout
         while (code := self.poll()) is None:
             if deadline is not None and time.monotonic() > deadline:
+                os.kill(self.pid, signal.SIGUSR2)  # its stacks go to its log, which the test's failure shows
+                time.sleep(0.5)
                 raise subprocess.TimeoutExpired(f"app {self.pid}", timeout or 0)
             time.sleep(0.02)
         return code

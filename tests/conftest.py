@@ -100,15 +100,26 @@ class AppProcess:
         """Shut down the way Ctrl+C does."""
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGINT)
-            self.process.wait(30)
+            self.wait_exit(30)
         self._close_clients()
 
     def kill(self) -> None:
         """Die the way a crash does."""
         if self.process and self.process.poll() is None:
             self.process.kill()
-            self.process.wait(10)
+            self.wait_exit(10)
         self._close_clients()
+
+    def wait_exit(self, timeout: float) -> int:
+        """Wait for the process to exit; if it does not, fail with the end of its log (a forked app
+        prints its threads' and tasks' stacks there first)."""
+        assert self.process is not None
+        try:
+            return self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            lines = [line for line in self.logs().splitlines() if '"GET ' not in line and "WebSocket" not in line]
+            tail = "\n".join(lines[-150:])
+            raise AssertionError(f"the app did not exit within {timeout} s; its log ends:\n{tail}") from None
 
     def _close_clients(self) -> None:
         # After the server is gone: a client that stopped reading could not finish a close handshake.

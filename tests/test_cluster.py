@@ -293,7 +293,7 @@ def test_sigterm_closes_the_sockets_with_1012_and_the_running_reply_finishes_and
     so_far = ready["running"]["content"] if "running" in ready else ""
     assert so_far + reply_text(frames) == "".join(f"tok{i} " for i in range(1, 101))
     assert on_b.until("turn_end", timeout=30)[-1]["status"] == "complete"
-    replicas[0].process.wait(30)  # it exits once the reply is done
+    replicas[0].wait_exit(30)  # it exits once the reply is done
     stored = client(balancer.ws_url, cookie).hello(session)["history"][-1]
     assert stored["status"] == "complete" and stored["content"].endswith("tok100 ")
 
@@ -308,7 +308,7 @@ def test_a_reply_longer_than_the_drain_timeout_is_stopped_and_stored(another_rep
     on_d.until("chunk")
     draining.process.send_signal(signal.SIGTERM)
     assert on_b.until("turn_end", timeout=30)[-1]["status"] == "stopped"
-    draining.process.wait(30)
+    draining.wait_exit(30)
     stored = client(replicas[1].ws_url, cookie).hello(session)["history"][-1]
     assert stored["status"] == "stopped" and stored["content"]
 

@@ -400,7 +400,7 @@ def stop_gracefully(app: AppProcess) -> None:
     """SIGTERM, as an orchestrator stops a replica, and wait for it to drain and exit."""
     assert app.process is not None
     app.process.send_signal(signal.SIGTERM)
-    app.process.wait(40)
+    app.wait_exit(40)
 
 
 class Reconnecting:
@@ -491,7 +491,7 @@ def test_a_rolling_restart_through_nginx_keeps_the_service_reachable_and_every_r
         b.process.send_signal(signal.SIGTERM)
         failed: list[str] = []
         ends = [follow_through_a_restart(page, balancer.ws_url, cookie, session, failed) for page, session in pages]
-        b.process.wait(40)
+        b.wait_exit(40)
         restart(b)
         time.sleep(0.5)
     finally:

@@ -75,9 +75,11 @@ def replies(page: Page):
     return page.locator(".message.assistant:not(.notice-only)")
 
 
-def wait_done(page: Page, count: int = 1) -> None:
-    expect(page.locator(".message.assistant[data-status=streaming]")).to_have_count(0, timeout=20_000)
-    expect(replies(page)).to_have_count(count)
+def wait_done(page: Page, count: int = 1, timeout: float = 20_000) -> None:
+    # The reply is on screen first (turn_start), then no longer streaming: in the other order, the
+    # check for "nothing streaming" could pass before the reply began.
+    expect(replies(page)).to_have_count(count, timeout=timeout)
+    expect(page.locator(".message.assistant[data-status=streaming]")).to_have_count(0, timeout=timeout)
     expect(page.locator("#send")).to_have_text("Send")
 
 
@@ -548,7 +550,7 @@ def test_the_page_says_when_the_small_offline_demo_model_answers(browser: Browse
     expect(note).to_contain_text("POCKETCHAT_BASE_URL")
     expect(page.get_by_label("Model").locator("option")).to_have_text(["SmolLM2-135M-Instruct.Q4_1"])
     send(page, "Hello")
-    wait_done(page)
+    wait_done(page, timeout=60_000)  # the model loads at the first turn: seconds on a busy machine
     expect(replies(page).last.locator(".meta")).to_contain_text("(counted)")
     under_test.context.close()
     assert under_test.errors == []
