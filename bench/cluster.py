@@ -255,8 +255,8 @@ def main() -> None:
             for app in (single, *replicas):
                 try:
                     app.stop()
-                except subprocess.TimeoutExpired:  # said, and the rest still cleaned up
-                    print(f"an app (pid {app.process.pid}) did not stop within 30 s of SIGINT: killed it")
+                except AssertionError as error:  # said, and the rest still cleaned up
+                    print(f"an app (pid {app.process.pid}) did not stop within 30 s of SIGINT: killed it; {error}")
                     app.kill()
             if balancer is not None:
                 balancer.stop()

@@ -156,6 +156,55 @@ def test_a_database_fault_while_a_dead_replicas_turns_are_ended_stops_no_turn_fr
     wait_for(lambda: healthy(follower), timeout=20)
 
 
+def test_a_turn_whose_replica_dies_before_its_first_write_lands_is_stored_by_the_replica_that_ends_it(
+    replica, fake, fault_proxy, fresh_postgres_url
+):
+    # A turn's opening write (its conversation, the user message, the reply marked streaming) is queued,
+    # not waited for: behind a slow database, the turn streams before it lands, and a replica that dies
+    # then takes it with it. The replica that ends the turn stores what it followed, all of it.
+    database: FaultProxy = fault_proxy(fresh_postgres_url)
+    producer = replica(POCKETCHAT_DATABASE_URL=database.url(fresh_postgres_url))
+    follower = replica()
+    cookie = sign_in(producer.url)
+    here = client(producer.ws_url, cookie)
+    session = here.hello()["session_id"]
+    there = client(follower.ws_url, cookie)
+    there.hello(session)
+    fake.queue(*replies(1))
+    database.stall()  # the producer's writes wait from here on
+    here.send("message", content="my words, kept whatever happens")
+    start = there.until("turn_start")[-1]
+    there.until("chunk")
+    producer.kill()
+    end, text, _ = ends(there)
+    assert end["status"] == "interrupted" and text, end
+
+    async def stored() -> tuple[list, list]:
+        db = await asyncpg.connect(fresh_postgres_url, timeout=5)
+        try:
+            conversations = await db.fetch("SELECT id, owner FROM conversations")
+            messages = await db.fetch("SELECT id, role, content, status, parent_id FROM messages ORDER BY seq")
+        finally:
+            await db.close()
+        return [tuple(row) for row in conversations], [tuple(row) for row in messages]
+
+    user_id = start["message"]["id"]
+    wait_for(lambda: asyncio.run(stored())[1] != [], timeout=20)
+    conversations, messages = asyncio.run(stored())
+    assert [row[0] for row in conversations] == [session]
+    assert messages == [
+        (user_id, "user", "my words, kept whatever happens", "complete", None),
+        (end["message_id"], "assistant", text, "interrupted", user_id),
+    ]
+    # The follower shows the same after a reload, and the conversation takes a new message.
+    again = client(follower.ws_url, cookie)
+    ready = again.hello(session)
+    assert [(m["role"], m["content"], m["status"]) for m in ready["history"]] == [
+        ("user", "my words, kept whatever happens", "complete"),
+        ("assistant", text, "interrupted"),
+    ]
+
+
 def test_a_background_task_that_ends_anyway_is_named_and_one_that_fails_goes_on():
     async def scenario() -> tuple[str | None, int]:
         tasks = Background()

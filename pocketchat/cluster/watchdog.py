@@ -21,7 +21,7 @@ from pocketchat.cluster.redis_link import (
     takeover_frames,
 )
 from pocketchat.errors import StorageError, Unavailable
-from pocketchat.records import Message
+from pocketchat.records import ConversationRecord, Message
 from pocketchat.store import Store
 from pocketchat.turn_log import InProcessTurnLog, parse_key
 
@@ -137,16 +137,27 @@ class Watchdog:
             return  # it ended the usual way
         if seq == VANISHED:
             logger.warning("turn %s: its log is gone from Redis (a restart?); ended it here as interrupted", turn_id)
-            self._run_later(self._store_interrupted(conversation_id, reply_id, self._end_vanished(turn_id)))
+            opening = self._opening_of(turn_id)
+            self._run_later(self._store_interrupted(conversation_id, reply_id, self._end_vanished(turn_id), opening))
             return
         logger.warning("turn %s was abandoned by its replica; ended it as interrupted", turn_id)
+        opening = self._opening_of(turn_id)
         try:
             snapshot = self._snapshot_of(turn_id, await self.link.entries(turn_id))
             reply: Message | None = self._reply_of(turn_id, reply_id, snapshot, TAKEN_OVER)
         except REDIS_FAILURES as failure:
             logger.warning("turn %s: could not read what it streamed (%s)", turn_id, failure)
             reply = self._followed_reply(turn_id, TAKEN_OVER)
-        self._run_later(self._store_interrupted(conversation_id, reply_id, reply))
+        self._run_later(self._store_interrupted(conversation_id, reply_id, reply, opening))
+
+    def _opening_of(self, turn_id: str) -> tuple[ConversationRecord, Message] | None:
+        """The conversation and user message of a turn this replica followed from its `turn_start`: what
+        the turn's own opening write held. That write is queued, not waited for, so a replica that dies
+        behind a slow database may never have made it."""
+        mirror = self.mirrors.get(turn_id)
+        if mirror is None or mirror.turn.reply.parent_id is None:
+            return None  # not followed here, or not from its start
+        return mirror.conversation.record, mirror.turn.user_message
 
     @staticmethod
     def _reply_of(turn_id: str, reply_id: str, snapshot: dict[str, Any], why: str) -> Message:
@@ -182,15 +193,26 @@ class Watchdog:
         self.mirrors.take(mirror, [(f"{k}-{n + 1}", error), (f"{k}-{n + 2}", end)])
         return reply
 
-    async def _store_interrupted(self, conversation_id: str, reply_id: str, reply: Message | None) -> None:
+    async def _store_interrupted(
+        self,
+        conversation_id: str,
+        reply_id: str,
+        reply: Message | None,
+        opening: tuple[ConversationRecord, Message] | None,
+    ) -> None:
         """Store a taken-over reply as interrupted: what its stream held, or what this replica followed
-        of it, else what the database has of it already."""
+        of it, else what the database has of it already. With its `opening`, the turn is stored whole
+        even where its replica's first write never landed."""
         try:
             if reply is None:
                 reply = await self._stored_reply(conversation_id, reply_id)
                 if reply is None:
                     return  # stored since by its own replica, or never
-            await self.store.save_interrupted(conversation_id, reply)
+                opening = None  # stored: its opening write landed
+            if opening is not None:
+                record, user_message = opening
+                reply.parent_id, reply.meta = user_message.id, {"model": record.model}
+            await self.store.save_interrupted(conversation_id, reply, opening)
         except StorageError as error:
             # A refused write is kept and written again when the database is back.
             logger.warning("turn of reply %s: its end is not stored yet: %s", reply_id, error.message)

@@ -70,8 +70,11 @@ class Store(Protocol):
 
     def checkpoint(self, conversation_id: str, message: Message) -> None: ...
 
-    async def save_interrupted(self, conversation_id: str, message: Message) -> None:
-        """Store a reply whose replica died (its text, status interrupted), unless it was stored since."""
+    async def save_interrupted(
+        self, conversation_id: str, message: Message, opening: tuple[ConversationRecord, Message] | None = None
+    ) -> None:
+        """Store a reply whose replica died (its text, status interrupted), unless it was stored since;
+        with `opening`, its conversation and user message too, where they are not stored."""
 
     async def secret(self, name: str, make: Any) -> str:
         """The secret `name`, made by `make()` and kept the first time it is asked for."""

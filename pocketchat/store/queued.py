@@ -69,9 +69,18 @@ class QueuedStore(WriteQueue[D]):
         """Write which path the conversation shows (`leaf_id`), and nothing else of it."""
         return self._write(self._choose(record.id, record.leaf_id), record.id)
 
-    async def save_interrupted(self, conversation_id: str, message: Message) -> None:
-        """Store a reply whose replica died as interrupted, unless its replica stored it since."""
-        await self._write(self._interrupt(message), conversation_id)
+    async def save_interrupted(
+        self, conversation_id: str, message: Message, opening: tuple[ConversationRecord, Message] | None = None
+    ) -> None:
+        """Store a reply whose replica died as interrupted, unless its replica stored it since. With
+        `opening` (its conversation and user message, as another replica followed the turn), what the
+        turn's own opening write held is stored too, where it never landed."""
+        if opening is None:
+            await self._write(self._interrupt(message), conversation_id)
+            return
+        record, user_message = opening
+        rows = _rows(conversation_id, [user_message, message])
+        await self._write(self._save(conversation_id, rows, record, True), conversation_id)
 
     # ---- sign-in: never written again after a refusal (its caller answers the user now) -----------
 
