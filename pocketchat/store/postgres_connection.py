@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from pocketchat.store.writes import Database, Job
+from pocketchat.store.writes import Database, Job, JobFailed
 
 logger = logging.getLogger(__name__)
 
@@ -138,9 +138,20 @@ class WriteConnection(Database):
         async with self._connected() as db, db.transaction():
             yield db
 
-    async def in_savepoint(self, db: asyncpg.Connection, job: Job) -> Any:
-        async with db.transaction():  # nested: a savepoint
-            return await job.work(db)
+    async def together(self, jobs: list[Job]) -> list[Any]:
+        results: list[Any] = []
+        running: int | None = None  # the job running now, if one is: else it is the connection or commit
+        try:
+            async with self.transaction() as db:
+                for index, job in enumerate(jobs):
+                    running = index
+                    results.append(await job.work(db))
+                running = None
+        except Exception as error:
+            if running is not None:
+                raise JobFailed(running, error) from error
+            raise
+        return results
 
     async def alone(self, job: Job) -> Any:
         async with self.transaction() as db:

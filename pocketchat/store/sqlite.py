@@ -11,9 +11,8 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -31,7 +30,7 @@ from pocketchat.store.sqlite_schema import migrate
 from pocketchat.store.sqlite_search import SqliteSearch
 from pocketchat.store.sqlite_shares import SqliteShares
 from pocketchat.store.sqlite_transfer import SqliteTransfer
-from pocketchat.store.writes import Database, Job
+from pocketchat.store.writes import Database, Job, JobFailed
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -100,30 +99,25 @@ class _WriteConnection(Database):
         # The database refuses, not the job: full, locked past busy_timeout, read-only, an I/O error.
         return isinstance(error, sqlite3.OperationalError)
 
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[sqlite3.Connection]:
+    async def together(self, jobs: list[Job]) -> list[Any]:
         db = self._opened()
-        await self.run(lambda: db.execute("BEGIN"))
-        try:
-            yield db
-            await self.run(db.commit)
-        except BaseException:
-            await self.run(lambda: _roll_back(db))
-            raise
 
-    async def in_savepoint(self, db: sqlite3.Connection, job: Job) -> Any:
-        def work() -> Any:
-            db.execute("SAVEPOINT job")
+        def work() -> list[Any]:  # the whole group in one hand-off to the database thread
+            results: list[Any] = []
+            running: int | None = None  # the job running now, if one is: else it is BEGIN or COMMIT
             try:
-                result = job.work(db)
-            except sqlite3.OperationalError:
-                raise  # the whole transaction fails: SQLite may have rolled it back already
-            except Exception:
-                db.execute("ROLLBACK TO job")
-                db.execute("RELEASE job")
+                db.execute("BEGIN")
+                for index, job in enumerate(jobs):
+                    running = index
+                    results.append(job.work(db))
+                running = None
+                db.commit()
+            except BaseException as error:
+                _roll_back(db)
+                if isinstance(error, Exception) and running is not None:
+                    raise JobFailed(running, error) from error
                 raise
-            db.execute("RELEASE job")
-            return result
+            return results
 
         return await self.run(work)
 

@@ -2,18 +2,20 @@
 
 A store queues each write as a `Job`; one writer task takes the jobs in the order they were queued.
 The queue owns:
-- group commit: the jobs queued meanwhile (BATCH_SIZE at most) share one transaction, a savepoint
-  each, so that a job that fails on its own (a constraint) fails alone;
-- when the database refuses the group, each job alone, in order: a refused job holds up the later
-  jobs of its own conversation only, and a lost connection refuses the rest untried;
+- group commit: the jobs queued meanwhile (BATCH_SIZE at most) share one transaction, with nothing
+  between them (no savepoint each: on PostgreSQL two round trips a job, and FTS5 flushes its index at
+  every savepoint);
+- when a job or the database fails the group, each job alone, in order (the one that failed is not
+  tried twice): a job that fails on its own (a constraint) fails alone, a refused job holds up the
+  later jobs of its own conversation only, and a lost connection refuses the rest untried;
 - keeping what the database refused for a reason that may pass (its callers get StorageError at once)
   and writing it again, first and in order, every RETRY_SECONDS, and telling `on_written` when a
   conversation's kept writes have all landed;
 - `failure` (for /healthz), `unwritten(conversation_id)` (for the hub), `timing` (for /metrics);
 - shutdown: finish the queued writes, try the kept ones once more, report what is left.
 
-What differs between the databases is a `Database`: how to run a group in one transaction with a
-savepoint per job, how to run one job alone, which errors may pass and which mean the connection is
+What differs between the databases is a `Database`: how to run a group in one transaction, how to
+run one job alone, which errors may pass and which mean the connection is
 lost, and (PostgreSQL) what to do while idle or when the writer is given up on.
 """
 
@@ -21,7 +23,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -44,6 +45,14 @@ class Job:
 
 
 Outcome = tuple[Job, Any, Exception | None]  # a job, its result, or why it failed
+
+
+class JobFailed(Exception):
+    """A group's job `index` raised `error`: the group's transaction was rolled back."""
+
+    def __init__(self, index: int, error: Exception) -> None:
+        super().__init__(index, error)
+        self.index, self.error = index, error
 
 
 def refusal(error: BaseException) -> StorageError:
@@ -78,14 +87,10 @@ class Database:
         """Whether the connection itself is gone (or hangs): no other job can be written on it."""
         return False
 
-    def transaction(self) -> AbstractAsyncContextManager[Any]:
-        """One transaction, committed at the end of the block (rolled back if it raises); gives the
-        connection to pass to `in_savepoint`."""
-        raise NotImplementedError
-
-    async def in_savepoint(self, db: Any, job: Job) -> Any:
-        """Run `job` inside the transaction, in a savepoint of its own: if it fails on its own, only its
-        own changes are rolled back."""
+    async def together(self, jobs: list[Job]) -> list[Any]:
+        """Run `jobs` in one transaction, in order, and commit: their results. A job that raises rolls
+        the transaction back and raises `JobFailed`; a failure of the transaction itself (the
+        connection, the commit) raises as it is."""
         raise NotImplementedError
 
     async def alone(self, job: Job) -> Any:
@@ -278,46 +283,39 @@ class WriteQueue(Generic[D]):
             # The writes are kept, and tried once more at the end.
             return [(job, None, refusal(self._lost)) for job in jobs]
         self._lost = None
+        failed: JobFailed | None = None
         try:
-            return await self._together(jobs)
+            return [(job, result, None) for job, result in zip(jobs, await self._database.together(jobs), strict=True)]
+        except JobFailed as error:
+            failed, cause = error, error.error
         except Exception as error:
-            if self._database.lost(error):
-                self._lost = error
-                return [(job, None, refusal(error)) for job in jobs]
-        results = await self._one_by_one(jobs)  # the database refused the group: which ones does it take?
+            cause = error
+        if self._database.lost(cause):
+            self._lost = cause
+            return [(job, None, refusal(cause)) for job in jobs]
+        # Which ones does it take? A job that failed on its own, or that a lock held up, is not tried
+        # again (a lock would be waited for twice); one the database refused as a whole may pass alone.
+        known = None
+        if failed is not None and (not self._database.may_pass(cause) or self._database.waits(cause)):
+            known = failed
+        results = await self._one_by_one(jobs, known)
         if any(isinstance(error, StorageError) for _, _, error in results):
             self._database.renew()
         return results
 
-    async def _together(self, jobs: list[Job]) -> list[Outcome]:
-        """Group commit: one transaction, a savepoint per job, so that a job that fails on its own fails
-        alone. A refusal of the database itself (full, read-only, lost) fails them all: it raises."""
-        results: list[Outcome] = []
-        held: dict[str, BaseException] = {}  # conversation: why a write of it was refused (`waits`)
-        async with self._database.transaction() as db:
-            for job in jobs:
-                if (cause := held.get(job.conversation_id or "")) is not None:
-                    results.append((job, None, refusal(cause)))  # its conversation's writes stay in order
-                    continue
-                try:
-                    result = await self._database.in_savepoint(db, job)
-                except Exception as error:
-                    if self._database.may_pass(error) and not self._database.waits(error):
-                        raise
-                    results.append(self._failed(job, error, held))
-                else:
-                    results.append((job, result, None))
-        return results
-
-    async def _one_by_one(self, jobs: list[Job]) -> list[Outcome]:
-        """Each job in its own transaction, in order. A refused job holds up the later jobs of its own
-        conversation only (they stay behind it, in order): one write the database will not take (too big
-        for the space left, say) does not stop every other conversation's."""
+    async def _one_by_one(self, jobs: list[Job], known: JobFailed | None = None) -> list[Outcome]:
+        """Each job in its own transaction, in order; `known`: how one of them failed in the group, not
+        tried again. A refused job holds up the later jobs of its own conversation only (they stay
+        behind it, in order): one write the database will not take (too big for the space left, say)
+        does not stop every other conversation's."""
         results: list[Outcome] = []
         held: dict[str, BaseException] = {}  # conversation: why its first write was refused
-        for job in jobs:
+        for index, job in enumerate(jobs):
             if (cause := self._lost or held.get(job.conversation_id or "")) is not None:
                 results.append((job, None, refusal(cause)))  # behind it, for the same reason
+                continue
+            if known is not None and index == known.index:
+                results.append(self._failed(job, known.error, held))
                 continue
             try:
                 result = await self._database.alone(job)
