@@ -6,11 +6,31 @@ anyway is a failure that `/healthz` names."""
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
+from typing import Any
 
 logger = logging.getLogger("pocketchat")
 
 PAUSE_SECONDS = 1.0  # after a failed round: a failure that repeats costs a log line a second, not a spin
+CANCEL_AGAIN_SECONDS = 0.5  # a cancelled task still running after this is cancelled again
+CANCEL_TRIES = 20
+
+
+async def cancel_and_wait(tasks: Collection[asyncio.Task[Any]]) -> None:
+    """Cancel `tasks` and wait until they have ended, cancelling again those that go on. Python 3.11's
+    `asyncio.wait_for` returns its result and drops a cancel that comes just as what it waits for
+    ends (fixed in 3.12); redis-py sends each command through it, and a replica's Redis reader whose
+    one cancel was dropped so read on and held up the shutdown for good. A task that still runs after
+    CANCEL_TRIES cancels is logged and left."""
+    pending = {task for task in tasks if not task.done()}
+    for _ in range(CANCEL_TRIES):
+        if not pending:
+            return
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_SECONDS)
+    if pending:
+        logger.error("tasks still running after %d cancels: %s", CANCEL_TRIES, [task.get_name() for task in pending])
 
 
 class Background:
@@ -53,6 +73,4 @@ class Background:
 
     async def aclose(self) -> None:
         self._closing = True
-        for task in self._tasks.values():
-            task.cancel()
-        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+        await cancel_and_wait(self._tasks.values())

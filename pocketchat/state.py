@@ -1,14 +1,13 @@
 """The process-wide resources, made once in the app's lifespan and reached through `app.state.chat`."""
 
 import asyncio
-import contextlib
 import logging
 from typing import Any, Protocol
 
 from fastapi import FastAPI
 
 from pocketchat import protocol
-from pocketchat.background import Background
+from pocketchat.background import Background, cancel_and_wait
 from pocketchat.cluster import Coordinator, make_coordinator
 from pocketchat.conversations import Conversation, Hub
 from pocketchat.documents import Library
@@ -142,9 +141,7 @@ class AppState:
         """Stop what is streaming so its partial replies are stored, then release the resources."""
         await self._tasks.aclose()
         if self._resolving is not None:
-            self._resolving.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._resolving
+            await cancel_and_wait([self._resolving])
         tasks = [turn.task for turn in self.hub.running_turns if turn.task is not None]
         if self.draining and tasks:
             # A rolling restart: the sockets were closed with 1012 and reconnect to another replica,

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
+from pocketchat.background import cancel_and_wait
 from pocketchat.errors import StorageError
 
 BATCH_SIZE = 100  # jobs committed together at most
@@ -170,8 +171,7 @@ class WriteQueue(Generic[D]):
             await asyncio.wait_for(asyncio.shield(self._writer), timeout)
         except TimeoutError:
             self._database.abort()
-            self._writer.cancel()
-            await asyncio.gather(self._writer, return_exceptions=True)
+            await cancel_and_wait([self._writer])
             self._abandon()
 
     def _abandon(self) -> None:

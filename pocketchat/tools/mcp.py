@@ -18,6 +18,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from pocketchat.background import cancel_and_wait
 from pocketchat.tools import BUILTIN, CLIENT
 
 logger = logging.getLogger("pocketchat")
@@ -123,6 +124,4 @@ class McpServers:
         return f"MCP servers failing: {', '.join(failed)}" if failed else None
 
     async def aclose(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)

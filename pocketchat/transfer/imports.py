@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, Protocol
 
+from pocketchat.background import cancel_and_wait
 from pocketchat.records import new_id
 from pocketchat.settings import Settings
 from pocketchat.store import Store
@@ -214,9 +215,7 @@ class Imports:
 
     async def aclose(self) -> None:
         """Stop the imports under way; each deletes what it wrote."""
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await cancel_and_wait(self._tasks)
 
 
 def _copy(upload: BinaryIO, path: str) -> None:
