@@ -107,10 +107,16 @@ def _print_what_it_does(_signal: int, _frame: object) -> None:
         print(f"task {task.get_name()}:", file=sys.stderr)
         awaited = task.get_coro()
         while awaited is not None:  # each coroutine down the chain of awaits, not only the task's own
-            if (frame := getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)) is not None:
+            # a coroutine, a generator-based one, or an async generator (an `async with`'s context manager)
+            frame = _first_of(awaited, ("cr_frame", "gi_frame", "ag_frame"))
+            if frame is not None:
                 print(f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}", file=sys.stderr)
-            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+            awaited = _first_of(awaited, ("cr_await", "gi_yieldfrom", "ag_await"))
     sys.stderr.flush()
+
+
+def _first_of(thing: object, names: tuple[str, ...]) -> Any:
+    return next((value for name in names if (value := getattr(thing, name, None)) is not None), None)
 
 
 def _run_main(args: list[str]) -> int:
