@@ -20,7 +20,7 @@ from pocketchat.errors import StorageError
 from pocketchat.records import ConversationRecord, Message
 from pocketchat.search import parse_query
 from pocketchat.settings import Settings
-from pocketchat.store import Store, make_store, sqlite_schema
+from pocketchat.store import SAVE_WAIT_SECONDS, Store, make_store, save_reply, sqlite_schema, writes
 from pocketchat.store import postgres as pg_store
 from pocketchat.store import postgres_connection as pg_connection
 from pocketchat.store.postgres import PostgresStore
@@ -91,6 +91,37 @@ def test_queued_writes_land_in_order_and_a_failing_one_takes_no_other_down(store
     assert [m.content for m in messages] == ["0", "1", "2", "3", "4"]
     assert "database write failed" in caplog.text
     assert (failure, unwritten) == (None, False)  # nothing waits: one job's failure is no database failure
+
+
+def test_a_reply_saved_behind_a_long_queue_waits_while_the_database_answers_and_not_once_it_stops(
+    tmp_path, monkeypatch
+):
+    # Under a steady load the writer is seconds behind, yet every group of writes lands: a turn's end
+    # waits for its reply's save (it is told "not saved yet" only when the database stops answering).
+    monkeypatch.setattr(writes, "BATCH_SIZE", 1)  # each write a group of its own, as under a load
+
+    async def scenario() -> tuple[float, float, list[str]]:
+        async with opened(Stores("sqlite", lambda: SqliteStore(tmp_path / "chat.db"))) as db:
+            record = ConversationRecord(model="m", system_prompt="")
+            await db.create_conversation(record)
+            for _ in range(30):  # 3 s of writes ahead of it, each answered in 0.1 s
+                db._queue(Job(lambda _: time.sleep(0.1), None))
+            started = time.monotonic()
+            await save_reply(db, record.id, Message(role="assistant", content="kept"))
+            waited = time.monotonic() - started
+            db._queue(Job(lambda _: time.sleep(4), None))  # then one write that hangs
+            started = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await save_reply(db, record.id, Message(role="assistant", content="late"))
+            gave_up = time.monotonic() - started
+        async with opened(Stores("sqlite", lambda: SqliteStore(tmp_path / "chat.db"))) as db:
+            _, messages = await db.load(record.id)
+        return waited, gave_up, [m.content for m in messages]
+
+    waited, gave_up, contents = asyncio.run(scenario())
+    assert waited > SAVE_WAIT_SECONDS + 0.5  # the queue ahead took longer than the wait for a stall
+    assert SAVE_WAIT_SECONDS <= gave_up < SAVE_WAIT_SECONDS + 1.5
+    assert contents == ["kept", "late"]  # the late one landed once the database answered again
 
 
 def test_a_turn_round_trips_every_field_and_keeps_the_versions_before_it(store):

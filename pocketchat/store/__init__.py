@@ -8,6 +8,7 @@ after them), commit them in groups, and keep a write the database refuses until 
 
 import asyncio
 import hashlib
+import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -41,6 +42,9 @@ class Store(Protocol):
 
     def unwritten(self, conversation_id: str) -> bool:
         """Whether writes of this conversation wait for the database to recover."""
+
+    def stalled_for(self) -> float:
+        """How long the writes in flight have waited for the database (0: none are in flight)."""
 
     async def create_conversation(self, record: ConversationRecord) -> None: ...
 
@@ -188,13 +192,22 @@ def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-SAVE_WAIT_SECONDS = 2.0  # how long a turn's end waits for its reply to be saved before it goes on
+SAVE_WAIT_SECONDS = 2.0  # a database whose writes have not answered for this long does not answer
+SAVE_PATIENCE_SECONDS = 30.0  # the longest a turn's end waits for its reply's save, however busy
 
 
 async def save_reply(store: Store, conversation_id: str, reply: Message) -> None:
-    """Save a turn's reply, waiting SAVE_WAIT_SECONDS at most: a database that does not answer does not
-    hold up the turn's end (TimeoutError; the queued write lands later). A refusal raises StorageError."""
-    await asyncio.wait_for(asyncio.shield(store.save_messages(conversation_id, [reply])), SAVE_WAIT_SECONDS)
+    """Save a turn's reply, and wait for it while the database answers: a busy one (the writer seconds
+    behind, every group of writes landing) is waited for, up to SAVE_PATIENCE_SECONDS; one whose writes
+    have not answered for SAVE_WAIT_SECONDS does not hold up the turn's end (TimeoutError; the queued
+    write lands later). A refusal raises StorageError."""
+    saving = asyncio.ensure_future(store.save_messages(conversation_id, [reply]))  # never cancelled from here
+    saving.add_done_callback(lambda done: done.cancelled() or done.exception())  # the store logs a failure
+    give_up = time.monotonic() + SAVE_PATIENCE_SECONDS
+    while not (await asyncio.wait({saving}, timeout=SAVE_WAIT_SECONDS))[0]:
+        if store.stalled_for() >= SAVE_WAIT_SECONDS or time.monotonic() > give_up:
+            raise TimeoutError
+    saving.result()
 
 
 def make_store(settings: Settings) -> Store:

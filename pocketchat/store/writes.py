@@ -143,6 +143,10 @@ class WriteQueue(Generic[D]):
         """Whether writes of this conversation wait for the database to recover."""
         return any(job.conversation_id == conversation_id for job in self._unwritten)
 
+    def stalled_for(self) -> float:
+        """How long the writes in flight have waited for the database (0: none are in flight)."""
+        return 0.0 if self.waiting_since is None else time.monotonic() - self.waiting_since
+
     def _queue(self, job: Job) -> None:
         self._jobs.put_nowait(job)
 
