@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,7 +35,7 @@ from pocketchat.store.writes import Database, Job, JobFailed
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
-Work = Callable[[sqlite3.Connection], T]  # run on the writer's thread, with the write connection
+Work = Callable[[sqlite3.Connection], T]  # statements, given a connection: the writer's, or a reading thread's
 PRIVATE = 0o600  # the database's files: read and written by the user the app runs as, nobody else
 
 # A reply is written while it streams; once it is final (complete, stopped, error, or interrupted by the
@@ -147,12 +148,51 @@ def _roll_back(db: sqlite3.Connection) -> None:
         db.rollback()  # SQLite may have rolled it back already (a full disk does)
 
 
+READERS = 4  # threads that read the file, each with a connection of its own
+
+
+class _Readers:
+    """The threads that read the file, each keeping its connection: opening one (the file, the WAL
+    index, the whole schema parsed again) cost more than the reads a turn makes, and a burst of turns
+    waited on it (README, Benchmarks)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._pool = ThreadPoolExecutor(READERS, thread_name_prefix="sqlite-read")
+        self._local = threading.local()
+        self._connections: list[sqlite3.Connection] = []
+        self._lock = threading.Lock()  # `_connections`, from the reading threads
+
+    async def run(self, work: Work[T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._pool, self._in_thread, work)
+
+    def _in_thread(self, work: Work[T]) -> T:
+        db: sqlite3.Connection | None = getattr(self._local, "db", None)
+        if db is None:
+            db = self._local.db = _connect(self.path)
+            with self._lock:
+                self._connections.append(db)
+        try:
+            return work(db)
+        finally:
+            if db.in_transaction:
+                db.rollback()  # a read left a snapshot open: the next one must see the newest writes
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        with self._lock:
+            for db in self._connections:
+                db.close()
+            self._connections.clear()
+
+
 class SqliteStore(SqliteShares, SqliteAttachments, SqliteSearch, SqliteTransfer, QueuedStore[_WriteConnection]):
     """The store in one SQLite file: the default, for one process."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(_WriteConnection(), logger)
         self.path = path
+        self._readers = _Readers(path)
 
     async def open(self, sweep_streaming: bool = True) -> int:
         """Bring the schema up to date, start the writer, and (with `sweep_streaming`: no other process
@@ -184,18 +224,12 @@ class SqliteStore(SqliteShares, SqliteAttachments, SqliteSearch, SqliteTransfer,
             return
         await self._stop_writing()
         await self._database.close()
+        await asyncio.to_thread(self._readers.close)
 
     # ---- reads ------------------------------------------------------------------------------------
 
     async def _read(self, work: Work[T]) -> T:
-        def run() -> T:
-            connection = _connect(self.path)
-            try:
-                return work(connection)
-            finally:
-                connection.close()
-
-        return await asyncio.to_thread(run)
+        return await self._readers.run(work)
 
     async def list_conversations(self, owner: str) -> list[ConversationRecord]:
         query = "SELECT * FROM conversations WHERE owner = ? ORDER BY updated_at DESC, created_at DESC"
