@@ -67,7 +67,7 @@ HIGH_LIMITS = [
 # per chunk delivered in the 5,000-chunk stream, per turn started in the burst of one-chunk turns.
 # Set a little above what the code measures, so that a change that costs more fails the run.
 BUDGET_PER_CHUNK = 2.5
-BUDGET_PER_TURN = 9.0
+BUDGET_PER_TURN = 7.0
 
 
 def expected(tokens: int) -> str:
