@@ -232,6 +232,7 @@ class Limits:
         self._conversations = counters.window("conversations", settings.limit_conversations_per_minute)
         self._hellos = counters.window("hellos", settings.limit_hellos_per_minute)
         self._changes = counters.window("changes", settings.limit_changes_per_minute)
+        self._searches = counters.window("searches", settings.limit_searches_per_minute)
         self._tool_calls = counters.window("tool-calls", settings.limit_tool_calls_per_minute)
         self._failed_sign_ins = counters.window("sign-ins", SIGN_INS_PER_MINUTE)
         self._all_failed_sign_ins = counters.window("all-sign-ins", ALL_SIGN_INS_PER_MINUTE)
@@ -280,6 +281,12 @@ class Limits:
             raise RateLimited(
                 f"You changed conversations {self._changes.limit} times in the last minute; wait a moment.", wait
             )
+
+    async def take_search(self, user: str) -> None:
+        """Count a search, or refuse it."""
+        wait, event = await self._searches.take(user)
+        if event is None:
+            raise RateLimited(f"You searched {self._searches.limit} times in the last minute; wait a moment.", wait)
 
     async def take_tool_call(self, user: str) -> None:
         """Count a tool call the model makes in one of the user's replies, or refuse it."""

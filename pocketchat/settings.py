@@ -190,6 +190,11 @@ class Settings(BaseSettings):
         description="Renames, model or system prompt changes, deletes, switches between versions and share links"
         " made one user may make a minute (0: no limit).",
     )
+    limit_searches_per_minute: int = Field(
+        300,
+        ge=0,
+        description="Searches one user may make a minute (the search box asks as they type) (0: no limit).",
+    )
 
     embedding_model: str | None = Field(
         None,

@@ -3,6 +3,7 @@
 // title and snippet are plain text with the ranges of the matching words: drawn as text nodes and
 // <mark> elements, never as markup.
 import { element } from "./dom.js";
+import { reason } from "./uploads.js";
 
 const DEBOUNCE_MS = 150;
 const LIMIT = 20;
@@ -71,7 +72,7 @@ class Searcher {
       const params = new URLSearchParams({ q: query.slice(0, 500), limit: String(LIMIT) });
       const response = await fetch(`/api/search?${params}`, { signal: pending.signal });
       if (response.status === 401) this.signIn();
-      if (!response.ok) throw new Error(`Search failed (HTTP ${response.status}).`);
+      if (!response.ok) throw new Error(await reason(response, "Search failed")); // 429: the limit, said
       const { results } = await response.json();
       if (pending === this.pending) this.show(results);
     } catch (error) {

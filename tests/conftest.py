@@ -36,7 +36,7 @@ NO_LIMITS = [
     *("--limit-running-turns", "0", "--limit-messages-per-minute", "0"),
     *("--limit-sockets", "0", "--limit-conversations-per-minute", "0"),
     *("--limit-hellos-per-minute", "0", "--limit-changes-per-minute", "0"),
-    *("--limit-tool-calls-per-minute", "0"),
+    *("--limit-tool-calls-per-minute", "0", "--limit-searches-per-minute", "0"),
 ]
 
 

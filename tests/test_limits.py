@@ -135,6 +135,17 @@ def test_over_the_changes_a_minute_limit_a_change_gets_429_and_changes_nothing(s
     assert call(app, "GET", path).json()["title"] == "one"
 
 
+def test_over_the_searches_a_minute_limit_a_search_gets_429_and_other_users_still_search(start_app):
+    app = start_app("--limit-searches-per-minute", "2", "--auth", "header")
+    alice, bob = {"X-Forwarded-User": "alice"}, {"X-Forwarded-User": "bob"}
+    for q in ("one", "two"):
+        assert call(app, "GET", f"/api/search?q={q}", **alice).status == 200
+    answer = call(app, "GET", "/api/search?q=three", **alice)
+    assert answer.status == 429 and 50 <= int(answer.headers["retry-after"]) <= 60
+    assert "searched 2 times in the last minute" in answer.json()["detail"]
+    assert call(app, "GET", "/api/search?q=three", **bob).status == 200
+
+
 def test_over_the_sockets_limit_the_new_socket_is_told_and_closed_and_the_others_work(start_app):
     app = start_app("--limit-sockets", "2")
     open_ones = [app.client(), app.client()]

@@ -125,3 +125,19 @@ def test_a_hit_on_a_version_not_shown_shows_its_branch(browser: Browser, app: Ap
     assert app.get(f"/api/conversations/{conversation_id}")["messages"] == first["messages"]
     under_test.context.close()
     assert under_test.errors == []
+
+
+def test_a_search_over_the_limit_is_said_in_the_servers_words(browser: Browser, start_app):
+    app = start_app("--limit-searches-per-minute", "2")
+    under_test = PageUnderTest(browser, app)
+    page = under_test.open()
+    box = page.get_by_role("searchbox", name="Search conversations")
+    status = page.locator("#search-status")
+    for query in ("apple", "banana"):
+        box.fill(query)
+        expect(status).to_have_text("No conversation holds these words.")
+        box.fill("")
+    box.fill("cherry")
+    expect(status).to_contain_text("You searched 2 times in the last minute; wait a moment.")
+    under_test.context.close()
+    assert under_test.errors == []

@@ -51,6 +51,7 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "limit_conversations_per_minute": ("9", "10"),
     "limit_hellos_per_minute": ("11", "12"),
     "limit_changes_per_minute": ("13", "14"),
+    "limit_searches_per_minute": ("17", "18"),
     "database_url": ("postgresql://one.invalid/db", "postgresql://two.invalid/db"),
     "redis_url": ("redis://one.invalid:6379/0", "redis://two.invalid:6379/0"),
     "drain_timeout": ("5", "6"),
