@@ -179,6 +179,26 @@ def test_an_imports_progress_can_be_asked_of_any_replica(mode, start_app):
     assert call(b, "GET", f"/api/imports/{job['id']}", **BOB)[0] == 404  # an import is its importer's
 
 
+def test_an_import_whose_replica_died_is_said_to_have_stopped_on_the_other(mode, start_app):
+    if mode == "single":
+        pytest.skip("replicas only")
+    a, b = start_app("--auth", "header"), start_app("--auth", "header")
+    lisbon = json.loads(CHATGPT.read_text())[0]
+    many = [copy.deepcopy(lisbon) | {"title": f"Trip {number}"} for number in range(3000)]
+    status, job = post_import(a, json.dumps(many).encode(), **ALICE)
+    assert status == 202
+    path = f"/api/imports/{job['id']}"
+    while (seen := call(b, "GET", path, **ALICE)[1])["imported"] == 0:
+        time.sleep(0.02)
+    a.kill()  # mid-import
+    deadline = time.monotonic() + 15  # a heartbeat's life, about 3 s
+    while (seen := call(b, "GET", path, **ALICE)[1])["status"] == "importing":
+        assert time.monotonic() < deadline, "a dead replica's import still says it is importing"
+        time.sleep(0.2)
+    assert seen["status"] == "failed" and "stopped before it finished" in seen["error"]
+    assert 0 < seen["imported"] < 3000
+
+
 def reading(process: psutil.Process) -> bool:
     """Whether `process` is an import's reader child (one that just ended is not)."""
     try:

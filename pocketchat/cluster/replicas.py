@@ -59,6 +59,9 @@ logger = logging.getLogger("pocketchat")
 UNSTORED_KEEP = int(UNSTORED_KEEP_SECONDS)
 DELETE_MS = 30_000  # a deleted conversation's lease is held this long: no turn starts on it meanwhile
 LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
+IMPORT_STOPPED = (
+    "The server that was importing this file stopped before it finished; the conversations it had imported are kept."
+)
 
 # A turn that runs here: (turn, conversation id, lease value).
 Produced = tuple[Turn, str, str]
@@ -331,7 +334,7 @@ class Replicas:
         # Awaited by the import, so that its states land in order; a Redis that fails costs the other
         # replicas the news, not the import.
         try:
-            value = json.dumps({"owner": owner, "job": wire})
+            value = json.dumps({"owner": owner, "job": wire, "replica": self.link.replica})
             await self.link.client.set(self.link.import_key(import_id), value, ex=IMPORT_KEEP_SECONDS)
         except REDIS_FAILURES as error:
             logger.warning("could not tell the other replicas how import %s… is going: %s", import_id[:6], error)
@@ -344,7 +347,15 @@ class Replicas:
         if found is None:
             return None
         kept = json.loads(found)
-        return kept["owner"], kept["job"]
+        job, replica = kept["job"], kept.get("replica")
+        if job["status"] == "importing" and replica not in (None, self.link.replica):
+            try:
+                alive = await self.link.client.exists(self.link.heartbeat_key(replica))
+            except REDIS_FAILURES:
+                alive = True  # not known: as that replica last said
+            if not alive:
+                job = {**job, "status": "failed", "error": IMPORT_STOPPED}
+        return kept["owner"], job
 
     # ---- new conversations (stored with their first turn) ---------------------------------------
 
