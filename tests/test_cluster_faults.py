@@ -205,6 +205,44 @@ def test_a_turn_whose_replica_dies_before_its_first_write_lands_is_stored_by_the
     ]
 
 
+def test_a_switch_whose_write_is_slow_is_not_undone_by_a_turn_started_on_the_other_replica(
+    replica, fake, fault_proxy, fresh_postgres_url
+):
+    # A's switch and B's new turn, at once: both write the path shown (the switch its message, the turn
+    # "the latest"). Were the turn to start while the switch's write has not landed, the switch would
+    # land last and hide the turn's reply from every reload. The switch holds the conversation's lease
+    # until its write lands: the turn waits for it, or is refused.
+    database: FaultProxy = fault_proxy(fresh_postgres_url)
+    a = replica(POCKETCHAT_DATABASE_URL=database.url(fresh_postgres_url))
+    b = replica()
+    cookie = sign_in(a.url)
+    on_a = client(a.ws_url, cookie)
+    conversation = on_a.hello()["session_id"]
+    on_b = client(b.ws_url, cookie)
+    on_b.hello(conversation)
+    fake.queue(Reply(tokens=["first"]), Reply(tokens=["second"]), Reply(tokens=["third"]))
+    first = on_a.turn("question")[-1]["message_id"]
+    on_b.until("turn_end")
+    on_a.send("regenerate")
+    on_a.until("turn_end")
+    on_b.until("turn_end")
+    database.stall()  # A's writes wait from here
+    on_a.send("switch", message_id=first)
+    on_a.until("path")
+    on_b.until("path")
+    on_b.send("message", content="and then?")
+    while (answer := on_b.recv(20))["type"] not in ("turn_end", "error"):
+        pass
+    database.heal()
+    time.sleep(1)  # A's switch lands, if it has not
+    # What a replica that loads it from the database shows (B shows its own memory).
+    reloaded = [m["content"] for m in client(replica().ws_url, cookie).hello(conversation)["history"]]
+    if answer["type"] == "turn_end":
+        assert reloaded == ["question", "first", "and then?", "third"], "the switch landed over the turn"
+    else:
+        assert answer["code"] == "turn_in_progress" and reloaded == ["question", "first"]
+
+
 def test_a_background_task_that_ends_anyway_is_named_and_one_that_fails_goes_on():
     async def scenario() -> tuple[str | None, int]:
         tasks = Background()

@@ -85,6 +85,13 @@ class Coordinator(Protocol):
     def documents_changed(self, conversation_id: str, frame: dict[str, Any]) -> None:
         """A document of the conversation changed state here (`frame`): the other replicas' sockets are told."""
 
+    async def hold_for_switch(self, conversation_id: str) -> str | None:
+        """About to switch its path: no turn may start on it anywhere until `let_go` (TurnInProgress if one
+        runs). What to give `let_go`."""
+
+    async def let_go(self, conversation_id: str, held: str | None) -> None:
+        """The switch's write landed (or was given up waiting for): turns may start again."""
+
     def switched(self, conversation: Conversation) -> None:
         """Its path shown (`record.leaf_id`) changed here: the other replicas show it, and tell their sockets."""
 

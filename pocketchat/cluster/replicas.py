@@ -46,7 +46,7 @@ from pocketchat.cluster.redis_link import (
 )
 from pocketchat.cluster.watchdog import Sight, Watchdog
 from pocketchat.conversations import UNSTORED_KEEP_SECONDS, Conversation, Hub, Turn, TurnIds
-from pocketchat.errors import Unavailable
+from pocketchat.errors import TurnInProgress, Unavailable
 from pocketchat.limits import Lease, Limits, Taken
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, new_id
 from pocketchat.settings import Settings
@@ -58,6 +58,7 @@ logger = logging.getLogger("pocketchat")
 
 UNSTORED_KEEP = int(UNSTORED_KEEP_SECONDS)
 DELETE_MS = 30_000  # a deleted conversation's lease is held this long: no turn starts on it meanwhile
+SWITCH_MS = 10_000  # at most, should the replica die while it switches (it lets go once its write lands)
 LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
 IMPORT_STOPPED = (
     "The server that was importing this file stopped before it finished; the conversations it had imported are kept."
@@ -269,6 +270,22 @@ class Replicas:
         copy may be older than theirs."""
         fields = {name: getattr(conversation.record, name) for name in names}
         self._errands.run(self._publish({"kind": "changed", "conversation": conversation.id, **fields}))
+
+    async def hold_for_switch(self, conversation_id: str) -> str | None:
+        """Take the conversation's lease for the switch, as a turn does: a turn started on another replica
+        before the switch's write lands would have its own write (the path: the latest) overwritten by it."""
+        held = f"switching {new_id()} {self.link.replica}"
+        try:
+            taken = await self.link.client.set(self.link.lease(conversation_id), held, px=SWITCH_MS, nx=True)
+        except REDIS_FAILURES as error:
+            raise Unavailable(f"PocketChat cannot switch versions now: Redis is unreachable ({error}).") from None
+        if not taken:
+            raise TurnInProgress()
+        return held
+
+    async def let_go(self, conversation_id: str, held: str | None) -> None:
+        if held is not None:
+            await self._release(conversation_id, held)
 
     def switched(self, conversation: Conversation) -> None:
         event = {"kind": "switched", "conversation": conversation.id, "leaf": conversation.record.leaf_id}

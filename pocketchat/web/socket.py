@@ -23,9 +23,10 @@ from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
 
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn, TurnIds
-from pocketchat.errors import BadFrame, ProtocolError, RateLimited
+from pocketchat.errors import BadFrame, ProtocolError, RateLimited, StorageError
 from pocketchat.records import ImageRecord
 from pocketchat.state import AppState, chat_state
+from pocketchat.store import SAVE_WAIT_SECONDS
 from pocketchat.tools.client import ClientTools
 from pocketchat.turn_log import TurnLog
 from pocketchat.turns import begin_turn
@@ -282,11 +283,19 @@ class Client:
     async def switch(self, conversation: Conversation, message_id: str) -> None:
         """Show other versions: every socket on the conversation, here and on other replicas, gets the path."""
         await self.state.limits.take_change(self.user)
-        conversation.switch(message_id)
-        conversation.broadcast_text(conversation.path_frame())
-        self.state.coordinator.switched(conversation)
-        # Not waited for: a write the database refuses is kept, and written when it recovers.
-        self.state.store.choose_path(conversation.record)
+        coordinator = self.state.coordinator
+        held = await coordinator.hold_for_switch(conversation.id)
+        try:
+            conversation.switch(message_id)
+            conversation.broadcast_text(conversation.path_frame())
+            coordinator.switched(conversation)
+            # Held until the write lands (2 s at most: a database that does not answer keeps it, and writes
+            # it when it recovers), so that no turn's write of the path lands before it.
+            stored = self.state.store.choose_path(conversation.record)
+            with contextlib.suppress(StorageError, TimeoutError):
+                await asyncio.wait_for(asyncio.shield(stored), SAVE_WAIT_SECONDS)
+        finally:
+            await coordinator.let_go(conversation.id, held)
 
     async def _images(self, conversation: Conversation, ids: list[str]) -> list[ImageRecord]:
         """The images a message names, checked (waiting here, for a model that sees them) before its turn."""
