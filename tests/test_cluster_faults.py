@@ -17,6 +17,7 @@ import pytest
 from pocketchat.background import Background
 from pocketchat.cluster.produced_log import Copier, ProducedLog
 from pocketchat.cluster.redis_link import RedisLink
+from pocketchat.cluster.watchdog import Sight, Watchdog
 from tests.cluster import TOKEN, sign_in, start_replica
 from tests.conftest import NO_LIMITS, AppProcess, ChatClient, reply_text
 from tests.fake_openai import FakeOpenAI, Reply
@@ -241,6 +242,25 @@ def test_a_switch_whose_write_is_slow_is_not_undone_by_a_turn_started_on_the_oth
         assert reloaded == ["question", "first", "and then?", "third"], "the switch landed over the turn"
     else:
         assert answer["code"] == "turn_in_progress" and reloaded == ["question", "first"]
+
+
+def test_only_a_turns_lease_is_taken_for_a_turn_running_elsewhere(redis_server, redis_prefix):
+    # A delete's and a switch's leases name no turn: a replica that starts must not watch (and later
+    # end, with an error frame to every socket on the conversation) a turn called "switching".
+    async def scenario() -> dict:
+        link = RedisLink(redis_server, redis_prefix, "starting")
+        try:
+            await link.client.set(link.lease("c1"), "t1 r1 replica-a")
+            await link.client.set(link.lease("c2"), "switching s1 replica-b")
+            await link.client.set(link.lease("c3"), "deleting replica-c")
+            elsewhere: dict = {}
+            watchdog = Watchdog(link, None, None, elsewhere, Sight(), lambda work: None)  # type: ignore[arg-type]
+            await watchdog.find_running_turns()
+            return elsewhere
+        finally:
+            await link.aclose()
+
+    assert asyncio.run(scenario()) == {"t1": ("c1", "r1", "replica-a")}
 
 
 def test_a_background_task_that_ends_anyway_is_named_and_one_that_fails_goes_on():

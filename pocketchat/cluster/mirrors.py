@@ -9,7 +9,7 @@ import logging
 from collections.abc import Callable, Container, Coroutine
 from typing import Any
 
-from pocketchat.cluster.redis_link import REDIS_FAILURES, RedisLink
+from pocketchat.cluster.redis_link import REDIS_FAILURES, RedisLink, running_turn
 from pocketchat.conversations import Conversation, Hub, Turn
 from pocketchat.records import Message
 from pocketchat.turn_log import InProcessTurnLog, parse_key
@@ -73,8 +73,8 @@ class Mirrors:
         except REDIS_FAILURES as error:
             logger.warning("could not ask Redis whether conversation %s… runs a turn: %s", conversation.id[:6], error)
             return
-        if holder is not None and not holder.startswith("deleting "):
-            turn_id, reply_id, replica = holder.split(" ", 2)
+        if holder is not None and (running := running_turn(holder)) is not None:
+            turn_id, reply_id, replica = running
             if turn_id not in self._produced:
                 # Watched from now on, should its announcement never come: a turn followed here ends.
                 self._elsewhere.setdefault(turn_id, (conversation.id, reply_id, replica))

@@ -7,7 +7,8 @@ Keys, under the prefix of one deployment:
   is `k-0`), one field `f` holding the frame as sent. It expires a while after the turn ends.
 - `lease:<conversation_id>`: who runs the conversation's turn, `<turn_id> <reply_id> <replica>`.
   Taking it (with the user's limits, `counters.py`) is the arbiter of "one running turn per
-  conversation"; the producer renews it. While the conversation is deleted: `deleting <replica>`.
+  conversation"; the producer renews it. While the conversation is deleted: `deleting <replica>`;
+  while a version switch's write lands: `switching <id> <replica>`.
 - `last:<conversation_id>`: the conversation's last turn, `<turn_id> <reply_id>`, kept as long as an
   ended turn's stream: a replica that loads the conversation before the turn's final save lands
   reads the turn there.
@@ -179,6 +180,18 @@ class Client(aioredis.Redis):
 
     def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> FailingAsRedis:
         return FailingAsRedis(self.connection_pool, self.response_callbacks, transaction, shard_hint)
+
+
+HELD_BUT_NOT_BY_A_TURN = ("deleting ", "switching ")  # how the leases of a delete and a switch begin
+
+
+def running_turn(holder: str | bytes) -> tuple[str, str, str] | None:
+    """The (turn id, reply id, replica) of the turn a lease's value names; None for a delete's or a switch's."""
+    text = holder.decode() if isinstance(holder, bytes) else holder
+    if text.startswith(HELD_BUT_NOT_BY_A_TURN):
+        return None
+    turn_id, reply_id, replica = text.split(" ", 2)
+    return turn_id, reply_id, replica
 
 
 def takeover_frames(turn_id: str, reply_id: str) -> tuple[str, str]:

@@ -18,6 +18,7 @@ from pocketchat.cluster.redis_link import (
     TAKEN_OVER,
     VANISHED,
     RedisLink,
+    running_turn,
     takeover_frames,
 )
 from pocketchat.errors import StorageError, Unavailable
@@ -84,8 +85,8 @@ class Watchdog:
         lease_prefix = self.link.lease("")
         async for key in self.link.client.scan_iter(match=lease_prefix + "*", count=500):
             holder = await self.link.client.get(key)
-            if holder is not None and not holder.startswith(b"deleting "):
-                turn_id, reply_id, replica = holder.decode().split(" ", 2)
+            if holder is not None and (running := running_turn(holder)) is not None:
+                turn_id, reply_id, replica = running
                 self._elsewhere[turn_id] = (key.decode().removeprefix(lease_prefix), reply_id, replica)
 
     async def watch(self) -> None:
@@ -114,12 +115,16 @@ class Watchdog:
         ):
             lease_gone = holder is None or not holder.decode().startswith(turn_id + " ")
             if lease_gone or (not alive and heartbeats_count):
+                # A conversation being deleted (its lease taken for that) gets no row written back.
+                deleting = holder is not None and holder.startswith(b"deleting ")
                 try:
-                    await self._end_abandoned(turn_id, conversation_id, reply_id, replica)
+                    await self._end_abandoned(turn_id, conversation_id, reply_id, replica, deleting)
                 except Exception:  # the other turns are ended all the same
                     logger.exception("turn %s: could not end it", turn_id)
 
-    async def _end_abandoned(self, turn_id: str, conversation_id: str, reply_id: str, replica: str) -> None:
+    async def _end_abandoned(
+        self, turn_id: str, conversation_id: str, reply_id: str, replica: str, deleting: bool = False
+    ) -> None:
         """End a turn whose producer is gone, if nobody has (the script lets one replica only), and
         store what it streamed, marked interrupted. Until Redis has said, the turn stays watched; the
         database is not waited for (the watchdog has other turns to end): a refused write is kept by
@@ -137,11 +142,11 @@ class Watchdog:
             return  # it ended the usual way
         if seq == VANISHED:
             logger.warning("turn %s: its log is gone from Redis (a restart?); ended it here as interrupted", turn_id)
-            opening = self._opening_of(turn_id)
+            opening = None if deleting else self._opening_of(turn_id)
             self._run_later(self._store_interrupted(conversation_id, reply_id, self._end_vanished(turn_id), opening))
             return
         logger.warning("turn %s was abandoned by its replica; ended it as interrupted", turn_id)
-        opening = self._opening_of(turn_id)
+        opening = None if deleting else self._opening_of(turn_id)
         try:
             snapshot = self._snapshot_of(turn_id, await self.link.entries(turn_id))
             reply: Message | None = self._reply_of(turn_id, reply_id, snapshot, TAKEN_OVER)

@@ -289,11 +289,13 @@ class Client:
             conversation.switch(message_id)
             conversation.broadcast_text(conversation.path_frame())
             coordinator.switched(conversation)
-            # Held until the write lands (2 s at most: a database that does not answer keeps it, and writes
-            # it when it recovers), so that no turn's write of the path lands before it.
             stored = self.state.store.choose_path(conversation.record)
-            with contextlib.suppress(StorageError, TimeoutError):
-                await asyncio.wait_for(asyncio.shield(stored), SAVE_WAIT_SECONDS)
+            if held is not None:
+                # With replicas, held until the write lands (2 s at most: a database that does not answer
+                # keeps it, and writes it when it recovers), so that no turn's write of the path lands
+                # before it. One process writes in order: nothing to wait for.
+                with contextlib.suppress(StorageError, TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(stored), SAVE_WAIT_SECONDS)
         finally:
             await coordinator.let_go(conversation.id, held)
 
