@@ -363,6 +363,30 @@ def test_a_delete_on_one_replica_just_after_a_first_message_on_the_other_wins(re
     assert not (listed(a, cookie) | listed(b, cookie)) & set(deleted)
 
 
+def test_a_delete_while_a_turn_followed_on_the_deleting_replica_runs_writes_nothing_back(
+    replicas, cookie, fake, shared
+):
+    # The delete takes the conversation's lease, which ends the turn on the replica that follows it as
+    # a taken-over one: that replica must not store the turn (its conversation is gone), nor fail trying.
+    a, b = replicas
+    url = shared["POCKETCHAT_DATABASE_URL"]
+    fake.queue(Reply(count=200, pace=0.02))
+    on_a = client(a.ws_url, cookie)
+    session = on_a.hello()["session_id"]
+    on_b = client(b.ws_url, cookie)
+    on_b.hello(session)
+    on_a.send("message", content="deleted while its reply runs")
+    on_b.until("chunk")
+    assert delete(b, cookie, session) == 204
+    on_b.until("deleted", timeout=30)
+    time.sleep(2)  # a watchdog round or two, and its write, if it makes one
+    for app in (a, b):
+        settled(app, cookie)
+    assert query(url, "SELECT id FROM conversations WHERE id = $1", session) == []
+    assert query(url, "SELECT id FROM messages WHERE conversation_id = $1", session) == []
+    assert "database write failed" not in b.logs()
+
+
 def test_a_delete_wins_even_when_the_other_replicas_first_write_lands_after_it(
     another_replica, fake, fault_proxy, shared
 ):
