@@ -258,6 +258,41 @@ def test_a_reply_whose_replica_died_is_stored_interrupted_unless_stored_since(st
     assert asyncio.run(scenario()) == [("half", "r", "interrupted"), ("all of it", "", "complete")]
 
 
+def test_a_reply_taken_over_is_stored_whole_where_its_opening_was_lost_and_keeps_its_row_where_not(store):
+    # The replica that ends a dead replica's turn passes what it followed of the turn's opening.
+    async def scenario():
+        async with opened(store) as db:
+            record = ConversationRecord(model="m", system_prompt="")
+            question = Message(role="user", content="q1")
+            answer = Message(role="assistant", content="a1", parent_id=question.id)
+            await db.open_turn(record.id, record, [question, answer])
+            # A turn whose opening landed, its reply checkpointed with a tool step, then a switch back.
+            asked = Message(role="user", content="q2", parent_id=answer.id)
+            cut = Message(role="assistant", content="", status="streaming", parent_id=asked.id)
+            cut.meta = {"model": "m", "steps": [{"node": "RunTools", "kind": "tool_call", "data": {}}]}
+            await db.open_turn(record.id, None, [asked, cut])
+            await db.choose_path(ConversationRecord(**{**record.__dict__, "leaf_id": answer.id}))
+            taken = Message(**{**cut.__dict__, "content": "so far", "status": "interrupted", "meta": {"model": "m"}})
+            await db.save_interrupted(record.id, taken, (record, asked))
+            kept = await db.load(record.id)
+            # A turn whose opening never landed: written whole, and the path shows it.
+            lost_q = Message(role="user", content="q3", parent_id=answer.id)
+            lost = Message(role="assistant", content="half", status="interrupted", parent_id=lost_q.id)
+            await db.save_interrupted(record.id, lost, (record, lost_q))
+            whole = await db.load(record.id)
+        return kept, whole
+
+    (chosen, kept), (after, whole) = asyncio.run(scenario())
+    reply = next(m for m in kept if m.content == "so far")
+    assert reply.status == "interrupted" and reply.meta["steps"][0]["node"] == "RunTools"  # its steps kept
+    assert chosen.leaf_id == kept[1].id  # the version chosen since stays chosen
+    assert [(m.content, m.status) for m in whole if m.content in ("q3", "half")] == [
+        ("q3", "complete"),
+        ("half", "interrupted"),
+    ]
+    assert after.leaf_id is None  # the latest: the turn that was lost with its replica
+
+
 def test_conversations_are_listed_by_owner_newest_first(store):
     async def scenario():
         async with opened(store) as db:

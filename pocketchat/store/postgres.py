@@ -279,6 +279,19 @@ class PostgresStore(
         row = (message.content, message.reasoning, message.error, message.id)
         return lambda db: db.execute(query, *row)
 
+    def _interrupt_or_open(
+        self, conversation_id: str, message: Message, rows: list[Row], record: ConversationRecord
+    ) -> Work[Any]:
+        # The row of a reply whose opening write landed keeps its steps and usage (meta): only its end is
+        # written, as `_interrupt` does. Else the opening write is made now, with the reply as it ended.
+        interrupt, open_turn = self._interrupt(message), self._save(conversation_id, rows, record, True)
+
+        async def work(db: asyncpg.Connection) -> Any:
+            landed = await db.fetchval("SELECT 1 FROM messages WHERE id = $1", message.id) is not None
+            return await (interrupt(db) if landed else open_turn(db))
+
+        return work
+
     def _keep_secret(self, name: str, value: str) -> Work[str]:
         # Two replicas that ask at once get the same one: the second insert waits for the first to commit,
         # then does nothing.

@@ -80,7 +80,7 @@ class QueuedStore(WriteQueue[D]):
             return
         record, user_message = opening
         rows = _rows(conversation_id, [user_message, message])
-        await self._write(self._save(conversation_id, rows, record, True), conversation_id)
+        await self._write(self._interrupt_or_open(conversation_id, message, rows, record), conversation_id)
 
     # ---- sign-in: never written again after a refusal (its caller answers the user now) -----------
 
@@ -130,6 +130,12 @@ class QueuedStore(WriteQueue[D]):
 
     def _interrupt(self, message: Message) -> Work:
         """Write the message's text, reasoning and error with the status interrupted, if it still streams."""
+        raise NotImplementedError
+
+    def _interrupt_or_open(
+        self, conversation_id: str, message: Message, rows: list[Row], record: ConversationRecord
+    ) -> Work:
+        """`_interrupt` if the reply's row is there; else `_save` the turn's `rows` as its opening would."""
         raise NotImplementedError
 
     def _keep_secret(self, name: str, value: str) -> Work:

@@ -312,6 +312,19 @@ class SqliteStore(SqliteShares, SqliteAttachments, SqliteSearch, SqliteTransfer,
         query += " WHERE id = ? AND status = 'streaming'"
         return lambda db: db.execute(query, row)
 
+    def _interrupt_or_open(
+        self, conversation_id: str, message: Message, rows: list[Row], record: ConversationRecord
+    ) -> Work[Any]:
+        # The row of a reply whose opening write landed keeps its steps and usage (meta): only its end is
+        # written, as `_interrupt` does. Else the opening write is made now, with the reply as it ended.
+        interrupt, open_turn = self._interrupt(message), self._save(conversation_id, rows, record, True)
+
+        def work(db: sqlite3.Connection) -> Any:
+            landed = db.execute("SELECT 1 FROM messages WHERE id = ?", (message.id,)).fetchone() is not None
+            return interrupt(db) if landed else open_turn(db)
+
+        return work
+
     def _keep_secret(self, name: str, value: str) -> Work[str]:
         def work(db: sqlite3.Connection) -> str:
             db.execute("INSERT OR IGNORE INTO secrets (name, value) VALUES (?, ?)", (name, value))
