@@ -14,21 +14,23 @@ logger = logging.getLogger("pocketchat")
 PAUSE_SECONDS = 1.0  # after a failed round: a failure that repeats costs a log line a second, not a spin
 CANCEL_AGAIN_SECONDS = 0.5  # a cancelled task still running after this is cancelled again
 CANCEL_TRIES = 20
+CLEANUP_SECONDS = 10.0  # the patience for tasks whose cancel runs writes or closes servers
 
 
-async def cancel_and_wait(tasks: Collection[asyncio.Task[Any]]) -> None:
+async def cancel_and_wait(tasks: Collection[asyncio.Task[Any]], patience: float = CANCEL_AGAIN_SECONDS) -> None:
     """Cancel `tasks` and wait until they have ended, cancelling again those that go on. Python 3.11's
     `asyncio.wait_for` returns its result and drops a cancel that comes just as what it waits for
     ends (fixed in 3.12); redis-py sends each command through it, and a replica's Redis reader whose
     one cancel was dropped so read on and held up the shutdown for good. A task that still runs after
-    CANCEL_TRIES cancels is logged and left."""
+    CANCEL_TRIES cancels is logged and left. `patience`: how long a cancelled task may take to clean up
+    (an import deleting what it wrote) before it is cancelled again."""
     pending = {task for task in tasks if not task.done()}
     for _ in range(CANCEL_TRIES):
         if not pending:
             return
         for task in pending:
             task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_SECONDS)
+        _, pending = await asyncio.wait(pending, timeout=patience)
     if pending:
         logger.error("tasks still running after %d cancels: %s", CANCEL_TRIES, [task.get_name() for task in pending])
 

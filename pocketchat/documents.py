@@ -16,7 +16,7 @@ from typing import Any, BinaryIO
 
 from flow import create_indexing_flow
 from pocketchat import protocol
-from pocketchat.background import cancel_and_wait
+from pocketchat.background import CLEANUP_SECONDS, cancel_and_wait
 from pocketchat.metrics import Metrics
 from pocketchat.records import DocumentRecord
 from pocketchat.settings import Settings
@@ -231,7 +231,7 @@ class Library:
         tasks = [task for _, task in self._indexing.values()]
         if self._sweeping is not None:
             tasks.append(self._sweeping)
-        await cancel_and_wait(tasks)
+        await cancel_and_wait(tasks, patience=CLEANUP_SECONDS)
         self._reader.shutdown(wait=False, cancel_futures=True)
         self.embedder.close()
 

@@ -191,7 +191,7 @@ def test_an_import_whose_replica_died_is_said_to_have_stopped_on_the_other(mode,
     while (seen := call(b, "GET", path, **ALICE)[1])["imported"] == 0:
         time.sleep(0.02)
     a.kill()  # mid-import
-    deadline = time.monotonic() + 15  # a heartbeat's life, about 3 s
+    deadline = time.monotonic() + 30  # a heartbeat's life (about 3 s), then 10 s of no news
     while (seen := call(b, "GET", path, **ALICE)[1])["status"] == "importing":
         assert time.monotonic() < deadline, "a dead replica's import still says it is importing"
         time.sleep(0.2)

@@ -153,6 +153,23 @@ def test_the_version_shown_is_the_one_shown_after_a_restart(start_app, fake):
 
 
 @pytest.mark.parametrize("mode", ["replicas"], indirect=True)
+def test_a_switch_right_after_a_reply_ends_is_taken(mode, start_app, fake):
+    # The page lets the versions be switched once `turn_end` comes; with replicas, the ended turn's last
+    # copy to Redis (which lets its lease go) may still be on its way then.
+    app = start_app()
+    client = app.client()
+    client.hello()
+    fake.queue(Reply(tokens=["first"]), *(Reply(tokens=[f"again {n}"]) for n in range(10)))
+    first = client.turn("question")[-1]["message_id"]
+    for _ in range(10):
+        answer_again(client)
+        client.send("switch", message_id=first)
+        while (frame := client.recv(10))["type"] not in ("path", "error"):
+            pass
+        assert frame["type"] == "path", frame
+
+
+@pytest.mark.parametrize("mode", ["replicas"], indirect=True)
 def test_a_switch_on_one_replica_shows_on_the_other(start_app, fake):
     a, b = start_app(), start_app()
     fake.queue(Reply(tokens=["first"]), Reply(tokens=["second"]))

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import time
 from collections.abc import Callable, Collection, Coroutine
 from dataclasses import asdict
 from typing import Any
@@ -58,6 +59,7 @@ logger = logging.getLogger("pocketchat")
 
 UNSTORED_KEEP = int(UNSTORED_KEEP_SECONDS)
 DELETE_MS = 30_000  # a deleted conversation's lease is held this long: no turn starts on it meanwhile
+IMPORT_QUIET_SECONDS = 10.0  # an import that has told nothing for this long, its replica gone, has stopped
 SWITCH_MS = 10_000  # at most, should the replica die while it switches (it lets go once its write lands)
 LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
 IMPORT_STOPPED = (
@@ -275,6 +277,8 @@ class Replicas:
         """Take the conversation's lease for the switch, as a turn does: a turn started on another replica
         before the switch's write lands would have its own write (the path: the latest) overwritten by it."""
         held = f"switching {new_id()} {self.link.replica}"
+        if (finishing := self._finishing.get(conversation_id)) is not None:
+            await asyncio.shield(finishing)  # the turn that just ended here still holds the lease
         try:
             taken = await self.link.client.set(self.link.lease(conversation_id), held, px=SWITCH_MS, nx=True)
         except REDIS_FAILURES as error:
@@ -351,7 +355,7 @@ class Replicas:
         # Awaited by the import, so that its states land in order; a Redis that fails costs the other
         # replicas the news, not the import.
         try:
-            value = json.dumps({"owner": owner, "job": wire, "replica": self.link.replica})
+            value = json.dumps({"owner": owner, "job": wire, "replica": self.link.replica, "at": time.time()})
             await self.link.client.set(self.link.import_key(import_id), value, ex=IMPORT_KEEP_SECONDS)
         except REDIS_FAILURES as error:
             logger.warning("could not tell the other replicas how import %s… is going: %s", import_id[:6], error)
@@ -365,7 +369,10 @@ class Replicas:
             return None
         kept = json.loads(found)
         job, replica = kept["job"], kept.get("replica")
-        if job["status"] == "importing" and replica not in (None, self.link.replica):
+        # Said to have stopped once its replica's heartbeat is gone and it has told nothing for a while:
+        # a heartbeat alone can be missing from a live replica for a moment (Redis restarted, say).
+        quiet = time.time() - kept.get("at", 0) > IMPORT_QUIET_SECONDS
+        if job["status"] == "importing" and quiet and replica not in (None, self.link.replica):
             try:
                 alive = await self.link.client.exists(self.link.heartbeat_key(replica))
             except REDIS_FAILURES:

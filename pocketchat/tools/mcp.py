@@ -18,7 +18,7 @@ from urllib.parse import parse_qsl, urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from pocketchat.background import cancel_and_wait
+from pocketchat.background import CLEANUP_SECONDS, cancel_and_wait
 from pocketchat.tools import BUILTIN, CLIENT
 
 logger = logging.getLogger("pocketchat")
@@ -124,4 +124,4 @@ class McpServers:
         return f"MCP servers failing: {', '.join(failed)}" if failed else None
 
     async def aclose(self) -> None:
-        await cancel_and_wait(self._tasks)
+        await cancel_and_wait(self._tasks, patience=CLEANUP_SECONDS)

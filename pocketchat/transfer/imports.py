@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, Protocol
 
-from pocketchat.background import cancel_and_wait
+from pocketchat.background import CLEANUP_SECONDS, cancel_and_wait
 from pocketchat.records import new_id
 from pocketchat.settings import Settings
 from pocketchat.store import Store
@@ -215,7 +215,7 @@ class Imports:
 
     async def aclose(self) -> None:
         """Stop the imports under way; each deletes what it wrote."""
-        await cancel_and_wait(self._tasks)
+        await cancel_and_wait(self._tasks, patience=CLEANUP_SECONDS)
 
 
 def _copy(upload: BinaryIO, path: str) -> None:
