@@ -179,6 +179,22 @@ def test_an_imports_progress_can_be_asked_of_any_replica(mode, start_app):
     assert call(b, "GET", f"/api/imports/{job['id']}", **BOB)[0] == 404  # an import is its importer's
 
 
+def test_a_user_runs_one_import_at_a_time_whichever_replica_each_reaches(mode, start_app):
+    a = start_app("--auth", "header")
+    b = start_app("--auth", "header") if mode == "replicas" else a
+    lisbon = json.loads(CHATGPT.read_text())[0]
+    many = json.dumps([copy.deepcopy(lisbon) | {"title": f"Trip {number}"} for number in range(2000)]).encode()
+    status, job = post_import(a, many, **ALICE)
+    assert status == 202
+    status, refused = post_import(b, many, **ALICE)
+    assert status == 409 and "under way already" in refused["detail"]
+    assert post_import(b, json.dumps([lisbon]).encode(), **BOB)[0] == 202  # another user's goes ahead
+    path = f"/api/imports/{job['id']}"
+    while call(a, "GET", path, **ALICE)[1]["status"] == "importing":
+        time.sleep(0.1)
+    assert post_import(b, json.dumps([lisbon]).encode(), **ALICE)[0] == 202  # once it ended
+
+
 def test_an_import_whose_replica_died_is_said_to_have_stopped_on_the_other(mode, start_app):
     if mode == "single":
         pytest.skip("replicas only")

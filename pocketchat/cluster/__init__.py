@@ -110,6 +110,13 @@ class Coordinator(Protocol):
     async def find_import(self, import_id: str) -> tuple[str, dict[str, Any]] | None:
         """An import that runs (or ran) on another replica: its owner and its state."""
 
+    async def claim_import(self, owner: str) -> bool:
+        """Whether the owner may start an import here: none of theirs runs on another replica (then
+        theirs until `release_import`)."""
+
+    async def release_import(self, owner: str) -> None:
+        """The owner's import here ended (or never began)."""
+
 
 def make_coordinator(settings: Settings, hub: Hub, store: Store) -> Coordinator:
     """The coordinator the settings ask for: replicas linked through Redis with `--redis-url`, else

@@ -63,6 +63,12 @@ class LocalCoordinator(NoOtherReplicas):
     async def find_import(self, import_id: str) -> tuple[str, dict[str, Any]] | None:
         return None
 
+    async def claim_import(self, owner: str) -> bool:
+        return True  # one process: `Imports` knows its own
+
+    async def release_import(self, owner: str) -> None:
+        return None
+
     def deleted(self, conversation_id: str) -> None:
         return None
 

@@ -381,6 +381,32 @@ class Replicas:
                 job = {**job, "status": "failed", "error": IMPORT_STOPPED}
         return kept["owner"], job
 
+    async def claim_import(self, owner: str) -> bool:
+        # One import a user across replicas: the key names the replica running it, and is taken from a
+        # replica whose heartbeat is gone (it died mid-import, and never let go).
+        key, mine = self.link.import_owner_key(owner), self.link.replica
+        try:
+            if await self.link.client.set(key, mine, ex=IMPORT_KEEP_SECONDS, nx=True):
+                return True
+            holder = await self.link.client.get(key)
+            if (
+                holder is not None
+                and holder.decode() != mine
+                and await self.link.client.exists(self.link.heartbeat_key(holder.decode()))
+            ):
+                return False
+            await self.link.client.set(key, mine, ex=IMPORT_KEEP_SECONDS)
+            return True
+        except REDIS_FAILURES as error:
+            logger.warning("could not check the user's imports on the other replicas: %s", error)
+            return True  # this replica's own check still holds
+
+    async def release_import(self, owner: str) -> None:
+        with contextlib.suppress(*REDIS_FAILURES):
+            key = self.link.import_owner_key(owner)
+            if await self.link.client.get(key) == self.link.replica.encode():
+                await self.link.client.delete(key)
+
     # ---- new conversations (stored with their first turn) ---------------------------------------
 
     async def remember_new(self, record: ConversationRecord) -> None:

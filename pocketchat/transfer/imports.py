@@ -73,9 +73,17 @@ class Progress(Protocol):
 
     async def find_import(self, import_id: str) -> tuple[str, dict[str, Any]] | None: ...
 
+    async def claim_import(self, owner: str) -> bool:
+        """Whether the owner may start an import: none of theirs runs on another replica."""
+
+    async def release_import(self, owner: str) -> None: ...
+
 
 class ImportRunning(Exception):
     """The user has an import under way already."""
+
+
+RUNNING = "An import of yours is under way already; wait for it to end."
 
 
 class Imports:
@@ -109,8 +117,11 @@ class Imports:
         if owner in self._reading or any(
             job.owner == owner and job.status == "importing" for job in self._jobs.values()
         ):
-            raise ImportRunning("An import of yours is under way already; wait for it to end.")
+            raise ImportRunning(RUNNING)
         self._reading.add(owner)
+        if not await self.progress.claim_import(owner):
+            self._reading.discard(owner)
+            raise ImportRunning(RUNNING)
         try:
             folder = await asyncio.to_thread(tempfile.mkdtemp, prefix="pocketchat-import-")
             source, lines = os.path.join(folder, "upload.json"), os.path.join(folder, "conversations.jsonl")
@@ -121,6 +132,9 @@ class Imports:
             except BaseException:
                 await asyncio.to_thread(shutil.rmtree, folder, True)
                 raise
+        except BaseException:
+            await self.progress.release_import(owner)
+            raise
         finally:
             self._reading.discard(owner)
         job = ImportJob(owner, verdict["conversations"], verdict["dropped"])
@@ -180,6 +194,7 @@ class Imports:
         finally:
             job.ended_at = time.monotonic()
             await self._tell(job)
+            await self.progress.release_import(job.owner)
             await asyncio.to_thread(shutil.rmtree, folder, True)
 
     def _tree(self, line: str) -> ConversationTree:
