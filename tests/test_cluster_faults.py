@@ -75,6 +75,16 @@ def followed_turns(producer: AppProcess, followers: list[AppProcess], count: int
     return conversations
 
 
+def on_both(a: AppProcess, b: AppProcess) -> tuple[str, ChatClient, str, ChatClient]:
+    """A new conversation with a socket on each replica: (cookie, A's socket, its id, B's socket)."""
+    cookie = sign_in(a.url)
+    on_a = client(a.ws_url, cookie)
+    conversation = on_a.hello()["session_id"]
+    on_b = client(b.ws_url, cookie)
+    on_b.hello(conversation)
+    return cookie, on_a, conversation, on_b
+
+
 def ends(socket: ChatClient, timeout: float = 20) -> tuple[dict, str, list[dict]]:
     """The socket's turn_end, the reply text it got in all, and the error frames before the end."""
     socket.until("turn_end", timeout=timeout)
@@ -166,11 +176,7 @@ def test_a_turn_whose_replica_dies_before_its_first_write_lands_is_stored_by_the
     database: FaultProxy = fault_proxy(fresh_postgres_url)
     producer = replica(POCKETCHAT_DATABASE_URL=database.url(fresh_postgres_url))
     follower = replica()
-    cookie = sign_in(producer.url)
-    here = client(producer.ws_url, cookie)
-    session = here.hello()["session_id"]
-    there = client(follower.ws_url, cookie)
-    there.hello(session)
+    cookie, here, session, there = on_both(producer, follower)
     fake.queue(*replies(1))
     database.stall()  # the producer's writes wait from here on
     here.send("message", content="my words, kept whatever happens")
@@ -216,11 +222,7 @@ def test_a_switch_whose_write_is_slow_is_not_undone_by_a_turn_started_on_the_oth
     database: FaultProxy = fault_proxy(fresh_postgres_url)
     a = replica(POCKETCHAT_DATABASE_URL=database.url(fresh_postgres_url))
     b = replica()
-    cookie = sign_in(a.url)
-    on_a = client(a.ws_url, cookie)
-    conversation = on_a.hello()["session_id"]
-    on_b = client(b.ws_url, cookie)
-    on_b.hello(conversation)
+    cookie, on_a, conversation, on_b = on_both(a, b)
     fake.queue(Reply(tokens=["first"]), Reply(tokens=["second"]), Reply(tokens=["third"]))
     first = on_a.turn("question")[-1]["message_id"]
     on_b.until("turn_end")

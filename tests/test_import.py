@@ -24,6 +24,12 @@ CHATGPT = Path(__file__).parent / "files" / "chatgpt_conversations.json"
 ALICE, BOB = {"X-Forwarded-User": "alice"}, {"X-Forwarded-User": "bob"}
 
 
+def trips(count: int) -> bytes:
+    """A ChatGPT export of `count` conversations: the Lisbon one, titled "Trip 0", "Trip 1"..."""
+    lisbon = json.loads(CHATGPT.read_text())[0]
+    return json.dumps([copy.deepcopy(lisbon) | {"title": f"Trip {number}"} for number in range(count)]).encode()
+
+
 def post_import(app: AppProcess, data: bytes, name: str = "conversations.json", **headers: str) -> tuple[int, Any]:
     body, content_type = multipart(name, data, "application/json")
     return call(app, "POST", "/api/imports", body, **{"Content-Type": content_type, **headers})
@@ -127,8 +133,7 @@ def test_the_json_export_round_trips_exactly_through_an_import(start_app, fake):
 
 def test_a_thousand_conversations_import_in_the_background_while_another_user_chats(start_app, fake):
     app = start_app("--auth", "header")
-    lisbon = json.loads(CHATGPT.read_text())[0]
-    many = [copy.deepcopy(lisbon) | {"title": f"Trip {number}"} for number in range(1000)]
+    many = trips(1000)
     bob = app.client(**BOB)
     bob.hello()
     fake.queue(Reply(tokens=["Hello ", "Bob."]))
@@ -140,7 +145,7 @@ def test_a_thousand_conversations_import_in_the_background_while_another_user_ch
             job = call(app, "GET", f"/api/imports/{job['id']}", **ALICE)[1]
         seen.append(job)
 
-    status, job = post_import(app, json.dumps(many).encode(), **ALICE)
+    status, job = post_import(app, many, **ALICE)
     assert status == 202 and job["total"] == 1000
     watcher = threading.Thread(target=follow, args=(job,))
     watcher.start()
@@ -162,9 +167,7 @@ def test_an_imports_progress_can_be_asked_of_any_replica(mode, start_app):
         pytest.skip("replicas only")
     # Behind a round-robin proxy, the page's polls reach both replicas in turn.
     a, b = start_app("--auth", "header"), start_app("--auth", "header")
-    lisbon = json.loads(CHATGPT.read_text())[0]
-    many = [copy.deepcopy(lisbon) | {"title": f"Trip {number}"} for number in range(1000)]
-    status, job = post_import(a, json.dumps(many).encode(), **ALICE)
+    status, job = post_import(a, trips(1000), **ALICE)
     assert status == 202
     seen = [call(b, "GET", f"/api/imports/{job['id']}", **ALICE)]
     assert seen[0][0] == 200 and seen[0][1]["total"] == 1000  # at once: as the upload's answer went out
@@ -182,26 +185,23 @@ def test_an_imports_progress_can_be_asked_of_any_replica(mode, start_app):
 def test_a_user_runs_one_import_at_a_time_whichever_replica_each_reaches(mode, start_app):
     a = start_app("--auth", "header")
     b = start_app("--auth", "header") if mode == "replicas" else a
-    lisbon = json.loads(CHATGPT.read_text())[0]
-    many = json.dumps([copy.deepcopy(lisbon) | {"title": f"Trip {number}"} for number in range(2000)]).encode()
+    many = trips(2000)
     status, job = post_import(a, many, **ALICE)
     assert status == 202
     status, refused = post_import(b, many, **ALICE)
     assert status == 409 and "under way already" in refused["detail"]
-    assert post_import(b, json.dumps([lisbon]).encode(), **BOB)[0] == 202  # another user's goes ahead
+    assert post_import(b, trips(1), **BOB)[0] == 202  # another user's goes ahead
     path = f"/api/imports/{job['id']}"
     while call(a, "GET", path, **ALICE)[1]["status"] == "importing":
         time.sleep(0.1)
-    assert post_import(b, json.dumps([lisbon]).encode(), **ALICE)[0] == 202  # once it ended
+    assert post_import(b, trips(1), **ALICE)[0] == 202  # once it ended
 
 
 def test_an_import_whose_replica_died_is_said_to_have_stopped_on_the_other(mode, start_app):
     if mode == "single":
         pytest.skip("replicas only")
     a, b = start_app("--auth", "header"), start_app("--auth", "header")
-    lisbon = json.loads(CHATGPT.read_text())[0]
-    many = [copy.deepcopy(lisbon) | {"title": f"Trip {number}"} for number in range(3000)]
-    status, job = post_import(a, json.dumps(many).encode(), **ALICE)
+    status, job = post_import(a, trips(3000), **ALICE)
     assert status == 202
     path = f"/api/imports/{job['id']}"
     while (seen := call(b, "GET", path, **ALICE)[1])["imported"] == 0:
@@ -227,8 +227,7 @@ def test_files_uploaded_at_once_are_checked_two_at_a_time_and_all_imported(mode,
     if mode == "replicas":
         pytest.skip("the readers are each process's own, whatever the storage: once is enough")
     app = start_app("--auth", "header")
-    lisbon = json.loads(CHATGPT.read_text())[0]
-    data = json.dumps([copy.deepcopy(lisbon) | {"title": f"Trip {number}"} for number in range(300)]).encode()
+    data = trips(300)
     users = [{"X-Forwarded-User": f"user{number}"} for number in range(4)]
     server = psutil.Process(app.process.pid)
     most, answers = 0, [(0, {})] * len(users)

@@ -252,6 +252,10 @@ class RedisLink:
     def heartbeat_key(self, replica: str) -> str:
         return f"{self.prefix}replica:{replica}"
 
+    async def alive(self, replica: str) -> bool:
+        """Whether the replica's heartbeat is there (it beats every second; gone 3 s after it dies)."""
+        return bool(await self.client.exists(self.heartbeat_key(replica)))
+
     def last_turn_key(self, conversation_id: str) -> str:
         return f"{self.prefix}last:{conversation_id}"
 

@@ -374,7 +374,7 @@ class Replicas:
         quiet = time.time() - kept.get("at", 0) > IMPORT_QUIET_SECONDS
         if job["status"] == "importing" and quiet and replica not in (None, self.link.replica):
             try:
-                alive = await self.link.client.exists(self.link.heartbeat_key(replica))
+                alive = await self.link.alive(replica)
             except REDIS_FAILURES:
                 alive = True  # not known: as that replica last said
             if not alive:
@@ -389,11 +389,7 @@ class Replicas:
             if await self.link.client.set(key, mine, ex=IMPORT_KEEP_SECONDS, nx=True):
                 return True
             holder = await self.link.client.get(key)
-            if (
-                holder is not None
-                and holder.decode() != mine
-                and await self.link.client.exists(self.link.heartbeat_key(holder.decode()))
-            ):
+            if holder is not None and holder.decode() != mine and await self.link.alive(holder.decode()):
                 return False
             await self.link.client.set(key, mine, ex=IMPORT_KEEP_SECONDS)
             return True
