@@ -215,6 +215,35 @@ def test_an_import_whose_replica_died_is_said_to_have_stopped_on_the_other(mode,
     assert 0 < seen["imported"] < 3000
 
 
+def test_an_import_cut_short_by_a_crash_keeps_nothing_of_it(mode, start_app):
+    """A process killed mid-import runs no undo: what it wrote is deleted by the app that finds it gone, at
+    start (one process), or when the page asks how the import went (replicas); nothing else is."""
+    a = start_app("--auth", "header")
+    before = (imported(a, trips(1), **ALICE), listed(a, **ALICE))[1]
+    status, job = post_import(a, trips(3000), **ALICE)
+    assert status == 202
+    path = f"/api/imports/{job['id']}"
+    while (seen := call(a, "GET", path, **ALICE)[1])["imported"] == 0:
+        time.sleep(0.02)
+    if mode == "replicas":  # a replica starting mid-import leaves the live one's import alone
+        b = start_app("--auth", "header")
+        started = call(a, "GET", path, **ALICE)[1]["imported"]
+        while (seen := call(a, "GET", path, **ALICE)[1])["imported"] < started + 50:
+            time.sleep(0.02)
+        assert len(listed(b, **ALICE)) >= seen["imported"] + 1
+    a.kill()
+    if mode == "single":
+        a.start()
+        assert listed(a, **ALICE) == before
+        return
+    deadline = time.monotonic() + 30
+    while (seen := call(b, "GET", path, **ALICE)[1])["status"] == "importing":
+        assert time.monotonic() < deadline, "a dead replica's import still says it is importing"
+        time.sleep(0.2)
+    assert seen["status"] == "failed" and "nothing of it was kept" in seen["error"]
+    assert listed(b, **ALICE) == before
+
+
 def reading(process: psutil.Process) -> bool:
     """Whether `process` is an import's reader child (one that just ended is not)."""
     try:

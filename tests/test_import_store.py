@@ -45,7 +45,7 @@ def test_trees_are_written_whole_under_their_owner_and_read_back(store):
 
     async def scenario() -> Any:
         async with opened(store) as db:
-            await db.import_conversations("alice", trees)
+            await db.import_conversations("alice", trees, "import-1", "replica-1")
             back = [await db.conversation_tree(tree.id, "alice") for tree in trees]
             return back, await db.conversation_tree(trees[0].id, "bob"), await db.list_conversations("bob")
 
@@ -62,12 +62,12 @@ def test_an_import_whose_write_fails_part_way_keeps_nothing(store, tmp_path, mon
             write = db.import_conversations
             batches = 0
 
-            def failing(owner: str, trees: list[Any]) -> Any:
+            def failing(owner: str, trees: list[Any], *unfinished: str) -> Any:
                 nonlocal batches
                 batches += 1
                 if batches == 3:
                     trees[-1].messages.append(trees[-1].messages[0])  # a duplicate id: the database refuses
-                return write(owner, trees)
+                return write(owner, trees, *unfinished)
 
             db.import_conversations = failing  # type: ignore[method-assign]
             job = await run_import(db, many(40), tmp_path)
@@ -96,6 +96,31 @@ def test_a_process_that_stops_mid_import_keeps_nothing_of_it(store, tmp_path, mo
 
     job, left = asyncio.run(scenario())
     assert job.status == "failed" and left == []
+
+
+def test_what_a_dead_process_left_of_its_import_is_deleted_and_nothing_else(store):
+    """A process killed mid-import (no undo ran) left its conversations listed as unfinished: the next
+    process deletes them at start, and keeps a finished import's and one of its own under way."""
+
+    def trees(title: str) -> list[Any]:
+        made = [tree.with_new_ids() for tree in read_trees(parse(many(2)))]
+        for tree in made:
+            tree.model, tree.system_prompt, tree.title = "m", "", title
+        return made
+
+    async def scenario() -> Any:
+        async with opened(store) as db:
+            here = LocalCoordinator(SETTINGS)
+            imports = Imports(SETTINGS, db, lambda: "m", here)
+            await db.import_conversations("alice", trees("killed"), "import-1", "a-dead-process")
+            await db.import_conversations("alice", trees("finished"), "import-2", "a-dead-process")
+            await db.finish_import("import-2")
+            await db.import_conversations("alice", trees("under way here"), "import-3", here.replica)
+            await imports.clear_stopped()
+            return sorted(record.title or "" for record in await db.list_conversations("alice"))
+
+    titles = asyncio.run(scenario())
+    assert titles == ["finished"] * 2 + ["under way here"] * 2
 
 
 @pytest.mark.parametrize("count", [3])

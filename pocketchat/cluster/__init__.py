@@ -28,6 +28,7 @@ class Coordinator(Protocol):
     replicas, each is where the others are told, asked, or waited for."""
 
     limits: Limits  # counted here, or in Redis across replicas
+    replica: str  # this process's name, new at each start
     on_lag: Callable[[float], None] | None  # told how far behind the producer a read of its log was
 
     @property
@@ -116,6 +117,10 @@ class Coordinator(Protocol):
 
     async def release_import(self, owner: str) -> None:
         """The owner's import here ended (or never began)."""
+
+    async def replica_gone(self, replica: str) -> bool:
+        """Whether the process of that name has stopped (this one's before a restart, or a dead replica):
+        what its imports left unfinished is deleted."""
 
 
 def make_coordinator(settings: Settings, hub: Hub, store: Store) -> Coordinator:

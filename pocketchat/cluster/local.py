@@ -5,6 +5,7 @@ from typing import Any
 
 from pocketchat.conversations import Conversation, NoOtherReplicas, Turn, TurnIds
 from pocketchat.limits import Limits, LocalCounters, Taken
+from pocketchat.records import new_id
 from pocketchat.settings import Settings
 
 
@@ -19,6 +20,7 @@ class LocalCoordinator(NoOtherReplicas):
 
     def __init__(self, settings: Settings) -> None:
         self.limits = Limits(settings, LocalCounters())
+        self.replica = new_id()[:12]
 
     async def claim(self, conversation: Conversation, ids: TurnIds, user: str) -> Taken:
         # The user's limits only: the conversation itself refuses a second turn.
@@ -68,6 +70,9 @@ class LocalCoordinator(NoOtherReplicas):
 
     async def release_import(self, owner: str) -> None:
         return None
+
+    async def replica_gone(self, replica: str) -> bool:
+        return replica != self.replica  # one process: what another wrote, it wrote before this one started
 
     def deleted(self, conversation_id: str) -> None:
         return None

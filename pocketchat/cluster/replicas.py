@@ -63,7 +63,7 @@ IMPORT_QUIET_SECONDS = 10.0  # an import that has told nothing for this long, it
 SWITCH_MS = 10_000  # at most, should the replica die while it switches (it lets go once its write lands)
 LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
 IMPORT_STOPPED = (
-    "The server that was importing this file stopped before it finished; the conversations it had imported are kept."
+    "The server that was importing this file stopped before it finished; nothing of it was kept. Try again."
 )
 
 # A turn that runs here: (turn, conversation id, lease value).
@@ -94,6 +94,7 @@ class Replicas:
     def __init__(self, settings: Settings, url: str, hub: Hub, store: Store) -> None:
         self.url = url
         self.link = RedisLink(url, settings.redis_prefix, replica=new_id()[:12])
+        self.replica = self.link.replica
         self.counters = RedisCounters(self.link)
         self.limits = Limits(settings, self.counters)  # a user's limits hold across replicas
         self.hub = hub
@@ -402,6 +403,14 @@ class Replicas:
             key = self.link.import_owner_key(owner)
             if await self.link.client.get(key) == self.link.replica.encode():
                 await self.link.client.delete(key)
+
+    async def replica_gone(self, replica: str) -> bool:
+        if replica == self.link.replica:
+            return False
+        try:
+            return not await self.link.alive(replica)
+        except REDIS_FAILURES:
+            return False  # not known: its import may still run
 
     # ---- new conversations (stored with their first turn) ---------------------------------------
 

@@ -97,11 +97,19 @@ class Store(Protocol):
 
     # Import and JSON export (`transfer/`): conversations whole, every branch of their messages.
 
-    def import_conversations(self, owner: str, trees: list[ConversationTree]) -> asyncio.Future[None]:
-        """Write these conversations (new ids) as the owner's, in one transaction; not written again if refused."""
+    def import_conversations(
+        self, owner: str, trees: list[ConversationTree], import_id: str, replica: str
+    ) -> asyncio.Future[None]:
+        """Write these conversations (new ids) as the owner's, in one transaction, listed as the import's
+        (run by that replica) until it is finished or undone; not written again if refused."""
 
-    def delete_imported(self, conversation_ids: list[str]) -> asyncio.Future[None]:
-        """Delete the conversations a failed import wrote."""
+    def finish_import(self, import_id: str) -> asyncio.Future[None]: ...
+
+    def undo_import(self, import_id: str) -> asyncio.Future[None]:
+        """Delete the conversations the unfinished import wrote."""
+
+    async def unfinished_imports(self) -> dict[str, str]:
+        """The replica writing each unfinished import, by import id."""
 
     async def conversation_tree(self, conversation_id: str, owner: str) -> ConversationTree | None: ...
 

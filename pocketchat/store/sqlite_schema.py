@@ -256,6 +256,17 @@ END;
 INSERT INTO messages_text(messages_text) VALUES ('rebuild');
 INSERT INTO messages_text(messages_text) VALUES ('optimize');
 """,
+    # Imports under way (transfer/imports.py): each conversation an import wrote, until the import ends,
+    # with the import and the process (replica) writing it. Should that process die mid-import, the app
+    # that finds it gone deletes what it wrote: an import is kept whole or not at all.
+    """
+CREATE TABLE unfinished_imports (
+    conversation_id TEXT PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
+    import_id TEXT NOT NULL,
+    replica TEXT NOT NULL
+);
+CREATE INDEX unfinished_imports_by_import ON unfinished_imports(import_id);
+""",
 ]
 
 

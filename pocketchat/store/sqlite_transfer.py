@@ -9,6 +9,7 @@ from typing import Any
 from pocketchat.store.transfer import (
     CONVERSATION_COLUMNS,
     MESSAGE_COLUMNS,
+    UNFINISHED_COLUMNS,
     conversation_rows,
     message_rows,
     tree_from_rows,
@@ -22,6 +23,9 @@ def _insert(table: str, columns: tuple[str, ...]) -> str:
 
 INSERT_CONVERSATION = _insert("conversations", CONVERSATION_COLUMNS)
 INSERT_MESSAGE = _insert("messages", MESSAGE_COLUMNS)
+INSERT_UNFINISHED = _insert("unfinished_imports", UNFINISHED_COLUMNS)
+FINISH = "DELETE FROM unfinished_imports WHERE import_id = ?"
+UNDO = "DELETE FROM conversations WHERE id IN (SELECT conversation_id FROM unfinished_imports WHERE import_id = ?)"
 
 
 class SqliteTransfer:
@@ -31,21 +35,34 @@ class SqliteTransfer:
     _write: Callable[..., asyncio.Future[Any]]
     _read: Callable[[Callable[[sqlite3.Connection], Any]], Awaitable[Any]]
 
-    def import_conversations(self, owner: str, trees: list[ConversationTree]) -> asyncio.Future[None]:
-        """Write these conversations (new ids: never over a stored one) as the owner's, in one transaction."""
+    def import_conversations(
+        self, owner: str, trees: list[ConversationTree], import_id: str, replica: str
+    ) -> asyncio.Future[None]:
+        """Write these conversations (new ids: never over a stored one) as the owner's, in one transaction,
+        listed as the unfinished import's until it ends."""
         conversations, messages = conversation_rows(owner, trees), message_rows(trees)
+        unfinished = [(tree.id, import_id, replica) for tree in trees]
 
         def work(db: sqlite3.Connection) -> None:
             db.executemany(INSERT_CONVERSATION, conversations)
             db.executemany(INSERT_MESSAGE, messages)
+            db.executemany(INSERT_UNFINISHED, unfinished)
 
         # Not kept to write again: the import is told it failed, and deletes what it wrote.
         return self._write(work, None, retry=False)
 
-    def delete_imported(self, conversation_ids: list[str]) -> asyncio.Future[None]:
-        """Delete the conversations an import wrote (written again until the database takes it)."""
-        rows = [(conversation_id,) for conversation_id in conversation_ids]
-        return self._write(lambda db: db.executemany("DELETE FROM conversations WHERE id = ?", rows), None)
+    def finish_import(self, import_id: str) -> asyncio.Future[None]:
+        """The import ended whole: its conversations are no longer its to delete."""
+        return self._write(lambda db: db.execute(FINISH, (import_id,)), None, retry=False)
+
+    def undo_import(self, import_id: str) -> asyncio.Future[None]:
+        """Delete the conversations the unfinished import wrote (written again until the database takes it)."""
+        return self._write(lambda db: db.execute(UNDO, (import_id,)), None)
+
+    async def unfinished_imports(self) -> dict[str, str]:
+        """The imports not ended, each with the process that writes it."""
+        query = "SELECT DISTINCT import_id, replica FROM unfinished_imports"
+        return dict(await self._read(lambda db: db.execute(query).fetchall()))
 
     async def conversation_tree(self, conversation_id: str, owner: str) -> ConversationTree | None:
         """The owner's conversation with every message of every branch, in the order they were written."""

@@ -20,6 +20,9 @@ MESSAGE_COLUMNS = (
 )  # fmt: skip
 
 
+UNFINISHED_COLUMNS = ("conversation_id", "import_id", "replica")
+
+
 def conversation_rows(owner: str, trees: list[ConversationTree]) -> list[tuple[Any, ...]]:
     return [
         (

@@ -5,7 +5,10 @@ The child (`read.py`) parses and checks the file away from the event loop and th
 bad file is refused before anything is written. The conversations then go in batches, each batch one
 write job (one transaction: a conversation is never half written), each under new ids and the
 importer's name, read one at a time on the event loop and paused between: other users' chats go first.
-If a batch fails, or the app stops meanwhile, the conversations this import wrote are deleted again.
+Each conversation is listed as the import's, in the transaction that writes it, until the import ends.
+If a batch fails, or the app stops meanwhile, the conversations this import wrote are deleted again; if
+its process dies (killed, its machine gone), the next that finds it gone deletes them (`clear_stopped`):
+an import is kept whole or not at all.
 """
 
 import asyncio
@@ -56,7 +59,6 @@ class ImportJob:
     status: Status = "importing"
     imported: int = 0
     error: str | None = None
-    written: list[str] = field(default_factory=list)  # ids of the conversations written so far
     ended_at: float | None = None
 
     def to_wire(self) -> dict[str, Any]:
@@ -68,6 +70,11 @@ class ImportJob:
 class Progress(Protocol):
     """Where an import's state is kept for the other replicas (the app's coordinator: with replicas, a
     page's next poll may reach another one)."""
+
+    replica: str  # this process's name, new at each start: it marks what its imports write
+
+    async def replica_gone(self, replica: str) -> bool:
+        """Whether the process of that name has stopped (this one's before a restart, or a dead replica)."""
 
     async def import_progressed(self, import_id: str, owner: str, wire: dict[str, Any]) -> None: ...
 
@@ -105,7 +112,22 @@ class Imports:
         if (job := self._jobs.get(import_id)) is not None:
             return job.to_wire() if job.owner == owner else None
         found = await self.progress.find_import(import_id)
-        return found[1] if found is not None and found[0] == owner else None
+        if found is None or found[0] != owner:
+            return None
+        if found[1]["status"] == "failed":
+            await self.clear_stopped()  # its replica died mid-import: before the page is told nothing is kept
+        return found[1]
+
+    async def clear_stopped(self) -> None:
+        """Delete what the imports of a stopped process wrote (it never ended them), unless its replica
+        still runs; at start, and when an import is found stopped."""
+        try:
+            for import_id, replica in (await self.store.unfinished_imports()).items():
+                if await self.progress.replica_gone(replica):
+                    await self.store.undo_import(import_id)
+                    logger.warning("import %s stopped with process %s: its writes are deleted", import_id[:6], replica)
+        except Exception:  # the database: what is left is deleted the next time (an undo refused is kept)
+            logger.exception("could not delete what a stopped import wrote")
 
     async def _tell(self, job: ImportJob) -> None:
         await self.progress.import_progressed(job.id, job.owner, job.to_wire())
@@ -122,6 +144,7 @@ class Imports:
         if not await self.progress.claim_import(owner):
             self._reading.discard(owner)
             raise ImportRunning(RUNNING)
+        await self.clear_stopped()  # the user's last import may have been on a replica that died
         try:
             folder = await asyncio.to_thread(tempfile.mkdtemp, prefix="pocketchat-import-")
             source, lines = os.path.join(folder, "upload.json"), os.path.join(folder, "conversations.jsonl")
@@ -182,6 +205,7 @@ class Imports:
                     await asyncio.sleep(0)
                 if batch:
                     await self._write_batch(job, batch)
+            await self.store.finish_import(job.id)
         except BaseException as error:  # a shutdown (cancelled) too: none of it stays
             logger.error("import %s failed after %d conversations: %r", job.id[:6], job.imported, error)
             await self._undo(job)  # before it says failed: then none of it is left
@@ -205,22 +229,19 @@ class Imports:
         return tree
 
     async def _write_batch(self, job: ImportJob, batch: list[ConversationTree]) -> None:
-        # Counted as written before it lands: a batch in flight when the import fails is undone too.
-        job.written += [tree.id for tree in batch]
-        await self.store.import_conversations(job.owner, batch)
+        await self.store.import_conversations(job.owner, batch, job.id, self.progress.replica)
         job.imported += len(batch)
         await self._tell(job)
         await asyncio.sleep(PAUSE_SECONDS)  # an import is never urgent: the writer serves chats first
 
     async def _undo(self, job: ImportJob) -> None:
-        """Delete what the import wrote: none of it stays."""
+        """Delete what the import wrote: none of it stays. (Queued behind a batch still in flight.)"""
         try:
-            await self.store.delete_imported(job.written)
+            await self.store.undo_import(job.id)
         except Exception:
-            logger.exception("import %s: could not delete the %d conversations it wrote", job.id[:6], len(job.written))
+            logger.exception("import %s: could not delete the %d conversations it wrote", job.id[:6], job.imported)
         else:
             job.imported = 0
-            job.written = []
 
     def _forget_old(self) -> None:
         now = time.monotonic()
