@@ -60,7 +60,7 @@ class AppState:
         await self.documents.start()
         await self.sign_in.start()
         await self.tools.start()
-        await self.imports.clear_stopped()
+        await self.imports.sweep()
         self._tasks.keep("the session watch", self._close_sockets_of_dead_sessions)
 
     def stopped(self) -> str | None:

@@ -223,14 +223,20 @@ def test_an_import_cut_short_by_a_crash_keeps_nothing_of_it(mode, start_app):
     status, job = post_import(a, trips(3000), **ALICE)
     assert status == 202
     path = f"/api/imports/{job['id']}"
-    while (seen := call(a, "GET", path, **ALICE)[1])["imported"] == 0:
-        time.sleep(0.02)
+
+    def progress(app: AppProcess, at_least: int) -> dict[str, Any]:
+        deadline = time.monotonic() + 60
+        while (seen := call(app, "GET", path, **ALICE)[1])["imported"] < at_least:
+            assert time.monotonic() < deadline and seen["status"] == "importing", seen
+            time.sleep(0.02)
+        return seen
+
+    seen = progress(a, 1)
     if mode == "replicas":  # a replica starting mid-import leaves the live one's import alone
         b = start_app("--auth", "header")
-        started = call(a, "GET", path, **ALICE)[1]["imported"]
-        while (seen := call(a, "GET", path, **ALICE)[1])["imported"] < started + 50:
-            time.sleep(0.02)
+        seen = progress(a, seen["imported"] + 50)
         assert len(listed(b, **ALICE)) >= seen["imported"] + 1
+    assert call(a, "GET", path, **ALICE)[1]["status"] == "importing"
     a.kill()
     if mode == "single":
         a.start()

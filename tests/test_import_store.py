@@ -38,6 +38,17 @@ async def run_import(db: Store, data: bytes, tmp_path: Path) -> Any:
     return job
 
 
+async def under_way(imports: Imports, data: bytes, tmp_path: Path, written: int) -> Any:
+    """Alice's import of `data`, once it has written `written` conversations."""
+    upload = tmp_path / "upload.json"
+    upload.write_bytes(data)
+    with upload.open("rb") as file:
+        job = await imports.start("alice", file)
+    while job.imported < written:
+        await asyncio.sleep(0.001)
+    return job
+
+
 def test_trees_are_written_whole_under_their_owner_and_read_back(store):
     trees = [tree.with_new_ids() for tree in read_trees(parse(CHATGPT.read_bytes()))]
     for tree in trees:
@@ -45,7 +56,8 @@ def test_trees_are_written_whole_under_their_owner_and_read_back(store):
 
     async def scenario() -> Any:
         async with opened(store) as db:
-            await db.import_conversations("alice", trees, "import-1", "replica-1")
+            await db.begin_import("import-1", "replica-1")
+            await db.import_conversations("alice", trees, "import-1")
             back = [await db.conversation_tree(tree.id, "alice") for tree in trees]
             return back, await db.conversation_tree(trees[0].id, "bob"), await db.list_conversations("bob")
 
@@ -84,13 +96,8 @@ def test_a_process_that_stops_mid_import_keeps_nothing_of_it(store, tmp_path, mo
 
     async def scenario() -> Any:
         async with opened(store) as db:
-            upload = tmp_path / "upload.json"
-            upload.write_bytes(many(200))
             imports = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS))
-            with upload.open("rb") as file:
-                job = await imports.start("alice", file)
-            while job.imported < 10:
-                await asyncio.sleep(0.001)
+            job = await under_way(imports, many(200), tmp_path, 10)
             await imports.aclose()
             return job, await db.list_conversations("alice")
 
@@ -98,29 +105,54 @@ def test_a_process_that_stops_mid_import_keeps_nothing_of_it(store, tmp_path, mo
     assert job.status == "failed" and left == []
 
 
-def test_what_a_dead_process_left_of_its_import_is_deleted_and_nothing_else(store):
-    """A process killed mid-import (no undo ran) left its conversations listed as unfinished: the next
-    process deletes them at start, and keeps a finished import's and one of its own under way."""
+def titled(title: str) -> list[Any]:
+    """Two conversations of the test file under new ids, titled `title`."""
+    made = [tree.with_new_ids() for tree in read_trees(parse(many(2)))]
+    for tree in made:
+        tree.model, tree.system_prompt, tree.title = "m", "", title
+    return made
 
-    def trees(title: str) -> list[Any]:
-        made = [tree.with_new_ids() for tree in read_trees(parse(many(2)))]
-        for tree in made:
-            tree.model, tree.system_prompt, tree.title = "m", "", title
-        return made
+
+def test_what_a_dead_process_left_of_its_import_is_deleted_and_nothing_else(store):
+    """A process killed mid-import (no undo ran) left its import running and its conversations listed: the
+    next process deletes them at start, and keeps a finished import's and one of its own under way."""
 
     async def scenario() -> Any:
         async with opened(store) as db:
             here = LocalCoordinator(SETTINGS)
             imports = Imports(SETTINGS, db, lambda: "m", here)
-            await db.import_conversations("alice", trees("killed"), "import-1", "a-dead-process")
-            await db.import_conversations("alice", trees("finished"), "import-2", "a-dead-process")
-            await db.finish_import("import-2")
-            await db.import_conversations("alice", trees("under way here"), "import-3", here.replica)
-            await imports.clear_stopped()
-            return sorted(record.title or "" for record in await db.list_conversations("alice"))
+            for import_id, replica in (("killed", "a-dead-process"), ("finished", "a-dead-process")):
+                await db.begin_import(import_id, replica)
+                await db.import_conversations("alice", titled(import_id), import_id)
+            await db.finish_import("finished")
+            await db.begin_import("under way here", here.replica)
+            await db.import_conversations("alice", titled("under way here"), "under way here")
+            left = await imports.clear_stopped()
+            return left, sorted(record.title or "" for record in await db.list_conversations("alice"))
 
-    titles = asyncio.run(scenario())
+    left, titles = asyncio.run(scenario())
+    assert left == {"under way here"}
     assert titles == ["finished"] * 2 + ["under way here"] * 2
+
+
+def test_an_import_taken_for_stopped_while_it_runs_fails_whole(store, tmp_path, monkeypatch):
+    """Should a running import be taken for stopped (its replica's heartbeat missing for a moment) and
+    undone, its next batch writes nothing: it ends failed with nothing kept, never done with gaps."""
+    monkeypatch.setattr(imports_module, "BATCH_CONVERSATIONS", 5)
+
+    async def scenario() -> Any:
+        async with opened(store) as db:
+            running = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS))
+            job = await under_way(running, many(100), tmp_path, 20)
+            # Another process, to which every other process seems gone.
+            await Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS)).clear_stopped()
+            while job.status == "importing":
+                await asyncio.sleep(0.01)
+            return job, await db.list_conversations("alice"), await db.running_imports()
+
+    job, left, running = asyncio.run(scenario())
+    assert job.status == "failed" and "nothing of it was kept" in (job.error or "")
+    assert left == [] and running == []
 
 
 @pytest.mark.parametrize("count", [3])

@@ -118,9 +118,9 @@ class Coordinator(Protocol):
     async def release_import(self, owner: str) -> None:
         """The owner's import here ended (or never began)."""
 
-    async def replica_gone(self, replica: str) -> bool:
-        """Whether the process of that name has stopped (this one's before a restart, or a dead replica):
-        what its imports left unfinished is deleted."""
+    async def replica_gone(self, replica: str, quiet_for: float) -> bool:
+        """Whether the process of that name has stopped (this one's before a restart, or a dead replica),
+        its import having written nothing for `quiet_for` seconds: what it left unfinished is deleted."""
 
 
 def make_coordinator(settings: Settings, hub: Hub, store: Store) -> Coordinator:

@@ -71,7 +71,7 @@ class LocalCoordinator(NoOtherReplicas):
     async def release_import(self, owner: str) -> None:
         return None
 
-    async def replica_gone(self, replica: str) -> bool:
+    async def replica_gone(self, replica: str, quiet_for: float) -> bool:
         return replica != self.replica  # one process: what another wrote, it wrote before this one started
 
     def deleted(self, conversation_id: str) -> None:

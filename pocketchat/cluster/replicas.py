@@ -404,8 +404,10 @@ class Replicas:
             if await self.link.client.get(key) == self.link.replica.encode():
                 await self.link.client.delete(key)
 
-    async def replica_gone(self, replica: str) -> bool:
-        if replica == self.link.replica:
+    async def replica_gone(self, replica: str, quiet_for: float) -> bool:
+        # As `find_import` says an import stopped: a heartbeat alone can be missing from a live replica for
+        # a moment. (Were it alive all the same, its next batch finds its import undone, and fails whole.)
+        if replica == self.link.replica or quiet_for < IMPORT_QUIET_SECONDS:
             return False
         try:
             return not await self.link.alive(replica)

@@ -97,19 +97,20 @@ class Store(Protocol):
 
     # Import and JSON export (`transfer/`): conversations whole, every branch of their messages.
 
-    def import_conversations(
-        self, owner: str, trees: list[ConversationTree], import_id: str, replica: str
-    ) -> asyncio.Future[None]:
-        """Write these conversations (new ids) as the owner's, in one transaction, listed as the import's
-        (run by that replica) until it is finished or undone; not written again if refused."""
+    def begin_import(self, import_id: str, replica: str) -> asyncio.Future[None]:
+        """List an import as running on that replica (`running_imports`), until it is finished or undone."""
+
+    def import_conversations(self, owner: str, trees: list[ConversationTree], import_id: str) -> asyncio.Future[None]:
+        """Write these conversations (new ids) as the owner's, in one transaction, listed as the running
+        import's (ImportStopped if it is not running any more); not written again if refused."""
 
     def finish_import(self, import_id: str) -> asyncio.Future[None]: ...
 
     def undo_import(self, import_id: str) -> asyncio.Future[None]:
-        """Delete the conversations the unfinished import wrote."""
+        """Delete the conversations the unfinished import wrote, and stop it writing more."""
 
-    async def unfinished_imports(self) -> dict[str, str]:
-        """The replica writing each unfinished import, by import id."""
+    async def running_imports(self) -> list[tuple[str, str, float]]:
+        """Each unfinished import: its id, the replica writing it, when its last batch landed (time.time())."""
 
     async def conversation_tree(self, conversation_id: str, owner: str) -> ConversationTree | None: ...
 

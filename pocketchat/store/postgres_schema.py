@@ -187,10 +187,10 @@ CREATE INDEX shares_by_conversation ON shares (conversation_id, created_at);
 """,
     # Imports under way (SQLite's step 13): each conversation an import wrote, until the import ends.
     """
+CREATE TABLE running_imports (id TEXT PRIMARY KEY, replica TEXT NOT NULL, told_at DOUBLE PRECISION NOT NULL);
 CREATE TABLE unfinished_imports (
     conversation_id TEXT PRIMARY KEY REFERENCES conversations (id) ON DELETE CASCADE,
-    import_id TEXT NOT NULL,
-    replica TEXT NOT NULL
+    import_id TEXT NOT NULL
 );
 CREATE INDEX unfinished_imports_by_import ON unfinished_imports (import_id);
 """,

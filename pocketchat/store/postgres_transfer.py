@@ -2,6 +2,7 @@
 queue and its reads."""
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -11,6 +12,7 @@ from pocketchat.store.transfer import (
     CONVERSATION_COLUMNS,
     MESSAGE_COLUMNS,
     UNFINISHED_COLUMNS,
+    ImportStopped,
     conversation_rows,
     message_rows,
     tree_from_rows,
@@ -26,7 +28,7 @@ def _insert(table: str, columns: tuple[str, ...]) -> str:
 INSERT_CONVERSATION = _insert("conversations", CONVERSATION_COLUMNS)
 INSERT_MESSAGE = _insert("messages", MESSAGE_COLUMNS)
 INSERT_UNFINISHED = _insert("unfinished_imports", UNFINISHED_COLUMNS)
-FINISH = "DELETE FROM unfinished_imports WHERE import_id = $1"
+TOLD = "UPDATE running_imports SET told_at = $1 WHERE id = $2"
 UNDO = "DELETE FROM conversations WHERE id IN (SELECT conversation_id FROM unfinished_imports WHERE import_id = $1)"
 
 
@@ -37,15 +39,21 @@ class PostgresTransfer:
     _write: Callable[..., asyncio.Future[Any]]
     _read: Callable[[Callable[[asyncpg.Connection], Awaitable[Any]]], Awaitable[Any]]
 
-    def import_conversations(
-        self, owner: str, trees: list[ConversationTree], import_id: str, replica: str
-    ) -> asyncio.Future[None]:
+    def begin_import(self, import_id: str, replica: str) -> asyncio.Future[None]:
+        """List an import as running, on that replica: until it ends, what it writes is listed too."""
+        begin = "INSERT INTO running_imports VALUES ($1, $2, $3)"
+        return self._write(lambda db: db.execute(begin, import_id, replica, time.time()), None, retry=False)
+
+    def import_conversations(self, owner: str, trees: list[ConversationTree], import_id: str) -> asyncio.Future[None]:
         """Write these conversations (new ids: never over a stored one) as the owner's, in one transaction,
-        listed as the unfinished import's until it ends."""
+        listed as the import's; ImportStopped if it is not running any more."""
         conversations, messages = conversation_rows(owner, trees), message_rows(trees)
-        unfinished = [(tree.id, import_id, replica) for tree in trees]
+        unfinished = [(tree.id, import_id) for tree in trees]
 
         async def work(db: asyncpg.Connection) -> None:
+            # The import's row stays locked until this commits: an undo meanwhile waits, then deletes this too.
+            if await db.execute(TOLD, time.time(), import_id) == "UPDATE 0":
+                raise ImportStopped(import_id)
             await db.executemany(INSERT_CONVERSATION, conversations)
             await db.executemany(INSERT_MESSAGE, messages)
             await db.executemany(INSERT_UNFINISHED, unfinished)
@@ -54,19 +62,33 @@ class PostgresTransfer:
         return self._write(work, None, retry=False)
 
     def finish_import(self, import_id: str) -> asyncio.Future[None]:
-        """The import ended whole: its conversations are no longer its to delete."""
-        return self._write(lambda db: db.execute(FINISH, import_id), None, retry=False)
+        """The import ended whole: its conversations are no longer its to delete (ImportStopped if it was
+        found stopped meanwhile, and undone)."""
+
+        async def work(db: asyncpg.Connection) -> None:
+            if await db.execute("DELETE FROM running_imports WHERE id = $1", import_id) == "DELETE 0":
+                raise ImportStopped(import_id)
+            await db.execute("DELETE FROM unfinished_imports WHERE import_id = $1", import_id)
+
+        return self._write(work, None, retry=False)
 
     def undo_import(self, import_id: str) -> asyncio.Future[None]:
-        """Delete the conversations the unfinished import wrote (written again until the database takes it)."""
-        return self._write(lambda db: db.execute(UNDO, import_id), None)
+        """Delete the conversations the unfinished import wrote, and it (written again until the database
+        takes it); a batch of it still queued writes nothing."""
 
-    async def unfinished_imports(self) -> dict[str, str]:
-        """The imports not ended, each with the process that writes it."""
+        async def work(db: asyncpg.Connection) -> None:
+            # Its row first: a batch in flight on another replica holds it, and lands before this goes on.
+            await db.execute("DELETE FROM running_imports WHERE id = $1", import_id)
+            await db.execute(UNDO, import_id)
 
-        async def work(db: asyncpg.Connection) -> dict[str, str]:
-            rows = await db.fetch("SELECT DISTINCT import_id, replica FROM unfinished_imports")
-            return {row["import_id"]: row["replica"] for row in rows}
+        return self._write(work, None)
+
+    async def running_imports(self) -> list[tuple[str, str, float]]:
+        """The imports not ended: each with the replica writing it and when its last batch landed."""
+
+        async def work(db: asyncpg.Connection) -> list[tuple[str, str, float]]:
+            rows = await db.fetch("SELECT id, replica, told_at FROM running_imports")
+            return [(row["id"], row["replica"], row["told_at"]) for row in rows]
 
         return await self._read(work)
 

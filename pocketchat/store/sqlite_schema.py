@@ -256,16 +256,61 @@ END;
 INSERT INTO messages_text(messages_text) VALUES ('rebuild');
 INSERT INTO messages_text(messages_text) VALUES ('optimize');
 """,
-    # Imports under way (transfer/imports.py): each conversation an import wrote, until the import ends,
-    # with the import and the process (replica) writing it. Should that process die mid-import, the app
-    # that finds it gone deletes what it wrote: an import is kept whole or not at all.
+    # Imports under way (transfer/imports.py): each with the process (replica) writing it and when its
+    # last batch landed, and each conversation it wrote, until it ends. Should that process die mid-import,
+    # the app that finds it gone deletes what it wrote: an import is kept whole or not at all. A batch
+    # lands only while its import is listed here, so one deleted as stopped writes nothing more.
     """
+CREATE TABLE running_imports (id TEXT PRIMARY KEY, replica TEXT NOT NULL, told_at REAL NOT NULL);
 CREATE TABLE unfinished_imports (
     conversation_id TEXT PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
-    import_id TEXT NOT NULL,
-    replica TEXT NOT NULL
+    import_id TEXT NOT NULL
 );
 CREATE INDEX unfinished_imports_by_import ON unfinished_imports(import_id);
+""",
+    # The message index cheaper still to write (bench/search.py): a message no longer lists itself. The
+    # index holds every finished message up to a mark (`messages_index_mark`, a seq) but those listed in
+    # `messages_unindexed`; the messages after the mark wait, and go in together (one FTS5 segment) with
+    # those listed, by the statement that writes the 64th after it, which moves the mark to itself. So a
+    # turn's new messages cost their index a comparison; a message finished (a reply that streamed) or
+    # changed at or before the mark is listed, as before; a search reads the messages after the mark, and
+    # those listed (store/sqlite_search.py). Only a message at or before the mark, not listed, is taken out
+    # of the index when it changes or goes.
+    """
+CREATE TABLE messages_index_mark (seq INTEGER NOT NULL);
+INSERT INTO messages_index_mark (seq) SELECT coalesce(max(seq), 0) FROM messages;
+DROP TRIGGER messages_text_insert;
+DROP TRIGGER messages_text_delete;
+DROP TRIGGER messages_text_update;
+DROP TRIGGER messages_text_final;
+DROP TRIGGER messages_unindexed_flush;
+CREATE TRIGGER messages_text_flush AFTER INSERT ON messages
+    WHEN new.seq >= (SELECT seq FROM messages_index_mark) + 64 BEGIN
+    INSERT INTO messages_text(rowid, content, owner)
+        SELECT seq, content, owner FROM messages_indexed WHERE seq > (SELECT seq FROM messages_index_mark)
+        UNION ALL
+        SELECT seq, content, owner FROM messages_indexed WHERE seq IN (SELECT seq FROM messages_unindexed);
+    DELETE FROM messages_unindexed;
+    UPDATE messages_index_mark SET seq = new.seq;
+END;
+CREATE TRIGGER messages_text_delete AFTER DELETE ON messages
+    WHEN old.status != 'streaming' AND old.seq <= (SELECT seq FROM messages_index_mark) BEGIN
+    INSERT INTO messages_text(messages_text, rowid, content, owner)
+        SELECT 'delete', old.seq, old.content, hex(owner) FROM conversations
+        WHERE id = old.conversation_id AND old.seq NOT IN (SELECT seq FROM messages_unindexed);
+    DELETE FROM messages_unindexed WHERE seq = old.seq;
+END;
+-- A message at or before the mark changed: out of the index if it is there, and listed if it is finished
+-- (a reply that streamed ends, say). One trigger, not two: each that fires costs a turn's write.
+CREATE TRIGGER messages_text_update AFTER UPDATE OF content, status ON messages
+    WHEN old.seq <= (SELECT seq FROM messages_index_mark) BEGIN
+    INSERT INTO messages_text(messages_text, rowid, content, owner)
+        SELECT 'delete', old.seq, old.content, hex(owner) FROM conversations
+        WHERE old.status != 'streaming' AND id = old.conversation_id
+        AND old.seq NOT IN (SELECT seq FROM messages_unindexed);
+    DELETE FROM messages_unindexed WHERE seq = old.seq;
+    INSERT INTO messages_unindexed(seq) SELECT new.seq WHERE new.status != 'streaming';
+END;
 """,
 ]
 

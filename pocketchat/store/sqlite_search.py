@@ -82,7 +82,8 @@ class SqliteSearch:
 def _newest(db: sqlite3.Connection, owner: str, query: SearchQuery, most: int, leave_out_turn: str | None) -> list[int]:
     """The keys (seq) of the owner's newest `most` messages holding the query's words, but those of the
     turn `leave_out_turn`: found in the index, and among the messages waiting to go in it together
-    (`messages_unindexed`, fewer than 64: see the schema's step 12).
+    (those after the index's mark, fewer than 64, and those listed in `messages_unindexed`: see the
+    schema's steps 12 and 14).
 
     In the index, FTS5 intersects the words with the owner's word: no other user's row is read. The
     waiting messages are matched by an FTS5 table of this connection's own, made for this search with the
@@ -103,8 +104,10 @@ def _newest(db: sqlite3.Connection, owner: str, query: SearchQuery, most: int, l
     # CROSS JOIN: the few waiting messages first (the planner, knowing no sizes, would start from the
     # owner's conversations and read all their messages).
     waiting = db.execute(
-        "SELECT m.seq, m.content FROM messages_unindexed u CROSS JOIN messages m ON m.seq = u.seq"
-        " CROSS JOIN conversations c ON c.id = m.conversation_id"
+        "SELECT m.seq, m.content FROM ("
+        "  SELECT seq FROM messages WHERE seq > (SELECT seq FROM messages_index_mark) AND status != 'streaming'"
+        "  UNION ALL SELECT seq FROM messages_unindexed"
+        ") u CROSS JOIN messages m ON m.seq = u.seq CROSS JOIN conversations c ON c.id = m.conversation_id"
         " WHERE c.owner = ? AND (? IS NULL OR m.turn_id IS NOT ?)",
         (owner, leave_out_turn, leave_out_turn),
     ).fetchall()

@@ -3,6 +3,7 @@ and its reads."""
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -10,6 +11,7 @@ from pocketchat.store.transfer import (
     CONVERSATION_COLUMNS,
     MESSAGE_COLUMNS,
     UNFINISHED_COLUMNS,
+    ImportStopped,
     conversation_rows,
     message_rows,
     tree_from_rows,
@@ -24,7 +26,8 @@ def _insert(table: str, columns: tuple[str, ...]) -> str:
 INSERT_CONVERSATION = _insert("conversations", CONVERSATION_COLUMNS)
 INSERT_MESSAGE = _insert("messages", MESSAGE_COLUMNS)
 INSERT_UNFINISHED = _insert("unfinished_imports", UNFINISHED_COLUMNS)
-FINISH = "DELETE FROM unfinished_imports WHERE import_id = ?"
+BEGIN = "INSERT INTO running_imports (id, replica, told_at) VALUES (?, ?, ?)"
+TOLD = "UPDATE running_imports SET told_at = ? WHERE id = ?"
 UNDO = "DELETE FROM conversations WHERE id IN (SELECT conversation_id FROM unfinished_imports WHERE import_id = ?)"
 
 
@@ -35,15 +38,22 @@ class SqliteTransfer:
     _write: Callable[..., asyncio.Future[Any]]
     _read: Callable[[Callable[[sqlite3.Connection], Any]], Awaitable[Any]]
 
-    def import_conversations(
-        self, owner: str, trees: list[ConversationTree], import_id: str, replica: str
-    ) -> asyncio.Future[None]:
+    def begin_import(self, import_id: str, replica: str) -> asyncio.Future[None]:
+        """List an import as running, on that replica: until it ends, what it writes is listed too."""
+        row = (import_id, replica, time.time())
+        return self._write(
+            lambda db: db.execute("INSERT INTO running_imports VALUES (?, ?, ?)", row), None, retry=False
+        )
+
+    def import_conversations(self, owner: str, trees: list[ConversationTree], import_id: str) -> asyncio.Future[None]:
         """Write these conversations (new ids: never over a stored one) as the owner's, in one transaction,
-        listed as the unfinished import's until it ends."""
+        listed as the import's; ImportStopped if it is not running any more."""
         conversations, messages = conversation_rows(owner, trees), message_rows(trees)
-        unfinished = [(tree.id, import_id, replica) for tree in trees]
+        unfinished = [(tree.id, import_id) for tree in trees]
 
         def work(db: sqlite3.Connection) -> None:
+            if db.execute(TOLD, (time.time(), import_id)).rowcount == 0:
+                raise ImportStopped(import_id)
             db.executemany(INSERT_CONVERSATION, conversations)
             db.executemany(INSERT_MESSAGE, messages)
             db.executemany(INSERT_UNFINISHED, unfinished)
@@ -52,17 +62,30 @@ class SqliteTransfer:
         return self._write(work, None, retry=False)
 
     def finish_import(self, import_id: str) -> asyncio.Future[None]:
-        """The import ended whole: its conversations are no longer its to delete."""
-        return self._write(lambda db: db.execute(FINISH, (import_id,)), None, retry=False)
+        """The import ended whole: its conversations are no longer its to delete (ImportStopped if it was
+        found stopped meanwhile, and undone)."""
+
+        def work(db: sqlite3.Connection) -> None:
+            if db.execute("DELETE FROM running_imports WHERE id = ?", (import_id,)).rowcount == 0:
+                raise ImportStopped(import_id)
+            db.execute("DELETE FROM unfinished_imports WHERE import_id = ?", (import_id,))
+
+        return self._write(work, None, retry=False)
 
     def undo_import(self, import_id: str) -> asyncio.Future[None]:
-        """Delete the conversations the unfinished import wrote (written again until the database takes it)."""
-        return self._write(lambda db: db.execute(UNDO, (import_id,)), None)
+        """Delete the conversations the unfinished import wrote, and it (written again until the database
+        takes it); a batch of it still queued writes nothing."""
 
-    async def unfinished_imports(self) -> dict[str, str]:
-        """The imports not ended, each with the process that writes it."""
-        query = "SELECT DISTINCT import_id, replica FROM unfinished_imports"
-        return dict(await self._read(lambda db: db.execute(query).fetchall()))
+        def work(db: sqlite3.Connection) -> None:
+            db.execute("DELETE FROM running_imports WHERE id = ?", (import_id,))
+            db.execute(UNDO, (import_id,))
+
+        return self._write(work, None)
+
+    async def running_imports(self) -> list[tuple[str, str, float]]:
+        """The imports not ended: each with the replica writing it and when its last batch landed."""
+        query = "SELECT id, replica, told_at FROM running_imports"
+        return [tuple(row) for row in await self._read(lambda db: db.execute(query).fetchall())]
 
     async def conversation_tree(self, conversation_id: str, owner: str) -> ConversationTree | None:
         """The owner's conversation with every message of every branch, in the order they were written."""

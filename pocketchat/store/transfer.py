@@ -20,7 +20,11 @@ MESSAGE_COLUMNS = (
 )  # fmt: skip
 
 
-UNFINISHED_COLUMNS = ("conversation_id", "import_id", "replica")
+UNFINISHED_COLUMNS = ("conversation_id", "import_id")
+
+
+class ImportStopped(Exception):
+    """The import is no longer running: it was found stopped (its replica seemed gone) and undone."""
 
 
 def conversation_rows(owner: str, trees: list[ConversationTree]) -> list[tuple[Any, ...]]:

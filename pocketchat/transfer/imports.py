@@ -46,6 +46,7 @@ READ_TIMEOUT = 300.0  # seconds the child may take to read a file
 # Files checked at once, by all users: each reader child holds its file's parse in memory (hundreds of
 # MiB for a large file); more wait their turn.
 READERS = 2
+SWEEP_SECONDS = 30.0  # with replicas, how often each looks for an import whose replica died
 
 Status = Literal["importing", "done", "failed"]
 
@@ -73,8 +74,9 @@ class Progress(Protocol):
 
     replica: str  # this process's name, new at each start: it marks what its imports write
 
-    async def replica_gone(self, replica: str) -> bool:
-        """Whether the process of that name has stopped (this one's before a restart, or a dead replica)."""
+    async def replica_gone(self, replica: str, quiet_for: float) -> bool:
+        """Whether the process of that name has stopped (this one's before a restart, or a dead replica),
+        its import having written nothing for `quiet_for` seconds."""
 
     async def import_progressed(self, import_id: str, owner: str, wire: dict[str, Any]) -> None: ...
 
@@ -105,6 +107,7 @@ class Imports:
         self._tasks: set[asyncio.Task[None]] = set()
         self._reading: set[str] = set()  # owners whose file is being checked
         self._readers = asyncio.Semaphore(READERS)
+        self._sweeping: asyncio.Task[None] | None = None
 
     async def state(self, import_id: str, owner: str) -> dict[str, Any] | None:
         """How far the import by that id got (what `GET /api/imports/{id}` says), if it is this owner's:
@@ -114,20 +117,48 @@ class Imports:
         found = await self.progress.find_import(import_id)
         if found is None or found[0] != owner:
             return None
-        if found[1]["status"] == "failed":
-            await self.clear_stopped()  # its replica died mid-import: before the page is told nothing is kept
-        return found[1]
+        job = found[1]
+        # Its replica died mid-import: said failed (nothing kept) once what it wrote is deleted, not before.
+        if job["status"] == "failed" and ((left := await self.clear_stopped()) is None or import_id in left):
+            return {key: value for key, value in job.items() if key != "error"} | {"status": "importing"}
+        return job
 
-    async def clear_stopped(self) -> None:
+    async def clear_stopped(self) -> set[str] | None:
         """Delete what the imports of a stopped process wrote (it never ended them), unless its replica
-        still runs; at start, and when an import is found stopped."""
+        still runs: at start, every SWEEP_SECONDS with replicas, when an import is found stopped, and
+        before a user's import. The ids of the imports still running (None: not known, the database failed)."""
         try:
-            for import_id, replica in (await self.store.unfinished_imports()).items():
-                if await self.progress.replica_gone(replica):
-                    await self.store.undo_import(import_id)
-                    logger.warning("import %s stopped with process %s: its writes are deleted", import_id[:6], replica)
-        except Exception:  # the database: what is left is deleted the next time (an undo refused is kept)
-            logger.exception("could not delete what a stopped import wrote")
+            running = await self.store.running_imports()
+        except Exception as error:
+            logger.warning("could not look for imports a stopped process left: %s", error)
+            return None
+        left = set()
+        for import_id, replica, told_at in running:
+            if import_id in self._jobs or not await self.progress.replica_gone(replica, time.time() - told_at):
+                left.add(import_id)
+                continue
+            try:
+                await self.store.undo_import(import_id)  # kept and written again if the database refuses it
+            except Exception as error:
+                logger.warning(
+                    "import %s stopped with %s: its writes are not deleted yet: %s", import_id[:6], replica, error
+                )
+                left.add(import_id)
+            else:
+                logger.warning("import %s stopped with %s: its writes are deleted", import_id[:6], replica)
+        return left
+
+    async def sweep(self) -> None:
+        """What stopped processes left, deleted at start and, with replicas, every SWEEP_SECONDS (another
+        replica may die at any time, and none may be asked about its import)."""
+        await self.clear_stopped()
+        if self.settings.clustered:
+            self._sweeping = asyncio.create_task(self._sweep_now_and_then(), name="import sweep")
+
+    async def _sweep_now_and_then(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_SECONDS)
+            await self.clear_stopped()
 
     async def _tell(self, job: ImportJob) -> None:
         await self.progress.import_progressed(job.id, job.owner, job.to_wire())
@@ -144,8 +175,8 @@ class Imports:
         if not await self.progress.claim_import(owner):
             self._reading.discard(owner)
             raise ImportRunning(RUNNING)
-        await self.clear_stopped()  # the user's last import may have been on a replica that died
         try:
+            await self.clear_stopped()  # the user's last import may have been on a replica that died
             folder = await asyncio.to_thread(tempfile.mkdtemp, prefix="pocketchat-import-")
             source, lines = os.path.join(folder, "upload.json"), os.path.join(folder, "conversations.jsonl")
             try:
@@ -193,6 +224,7 @@ class Imports:
     async def _write(self, job: ImportJob, lines: str, folder: str) -> None:
         started = time.monotonic()
         try:
+            await self.store.begin_import(job.id, self.progress.replica)
             with open(lines, encoding="utf-8") as file:
                 batch: list[ConversationTree] = []
                 for line in file:  # a local file of one conversation a line: each read is short
@@ -229,7 +261,7 @@ class Imports:
         return tree
 
     async def _write_batch(self, job: ImportJob, batch: list[ConversationTree]) -> None:
-        await self.store.import_conversations(job.owner, batch, job.id, self.progress.replica)
+        await self.store.import_conversations(job.owner, batch, job.id)
         job.imported += len(batch)
         await self._tell(job)
         await asyncio.sleep(PAUSE_SECONDS)  # an import is never urgent: the writer serves chats first
@@ -251,6 +283,8 @@ class Imports:
 
     async def aclose(self) -> None:
         """Stop the imports under way; each deletes what it wrote."""
+        if self._sweeping is not None:
+            await cancel_and_wait([self._sweeping])
         await cancel_and_wait(self._tasks, patience=CLEANUP_SECONDS)
 
 
