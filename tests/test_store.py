@@ -290,6 +290,33 @@ def test_a_reply_that_streams_while_its_index_moves_on_is_found_as_it_ends_and_a
     asyncio.run(scenario())
 
 
+def test_sqlite_puts_messages_in_its_index_64_at_a_time_however_many_checkpoints_use_seqs_up(tmp_path):
+    """Every upsert that updates (a reply's checkpoint) uses a seq up: the index is written once 64 messages
+    wait, not once the seqs have moved 64 on (a segment of FTS5 every turn or two, for long replies)."""
+    path = tmp_path / "chat.db"
+
+    async def scenario() -> list[int]:
+        marks = []
+        async with opened(Stores("sqlite", lambda: SqliteStore(path))) as store:
+            record = ConversationRecord(model="m", system_prompt="", owner="alice")
+            await store.open_turn(record.id, record, [])
+            for turn in range(40):
+                question, reply = Message("user", f"question {turn}"), Message("assistant", "", status="streaming")
+                await store.open_turn(record.id, None, [question, reply])
+                for words in range(10):
+                    reply.content += f" word{words}"
+                    await store.save_messages(record.id, [reply])
+                reply.status = "complete"
+                await store.save_messages(record.id, [reply])
+                with sqlite3.connect(path) as file:
+                    marks.append(file.execute("SELECT seq FROM messages_index_mark").fetchone()[0])
+        return marks
+
+    marks = asyncio.run(scenario())
+    assert len(set(marks)) == 2  # 80 messages: the index written once, as the 64th came (turn 32)
+    assert marks.index(max(marks)) == 31
+
+
 def test_a_file_whose_index_lists_its_waiting_messages_upgrades_with_every_message_found(tmp_path):
     """A SQLite file from before the index's mark (step 12: each final message listed, 64 at a time into
     the index), with messages in the index, some listed and a reply streaming, upgrades: every message is

@@ -271,11 +271,13 @@ CREATE INDEX unfinished_imports_by_import ON unfinished_imports(import_id);
     # The message index cheaper still to write (bench/search.py): a message no longer lists itself. The
     # index holds every finished message up to a mark (`messages_index_mark`, a seq) but those listed in
     # `messages_unindexed`; the messages after the mark wait, and go in together (one FTS5 segment) with
-    # those listed, by the statement that writes the 64th after it, which moves the mark to itself. So a
-    # turn's new messages cost their index a comparison; a message finished (a reply that streamed) or
-    # changed at or before the mark is listed, as before; a search reads the messages after the mark, and
-    # those listed (store/sqlite_search.py). Only a message at or before the mark, not listed, is taken out
-    # of the index when it changes or goes.
+    # those listed, by the statement that writes the 64th message after it, which moves the mark to
+    # itself. (Counted, not told by the seq: every upsert that updates, a reply's checkpoint say, uses a
+    # seq up.) So a turn's new messages cost their index a comparison; a message finished (a reply that
+    # streamed) or changed at or before the mark is listed, as before, until the next of those statements
+    # (a start-up that ends many replies lists them all); a search reads the messages after the mark, and
+    # those listed (store/sqlite_search.py). Only a finished message at or before the mark, not listed, is
+    # in the index, and taken out of it when it changes or goes.
     """
 CREATE TABLE messages_index_mark (seq INTEGER NOT NULL);
 INSERT INTO messages_index_mark (seq) SELECT coalesce(max(seq), 0) FROM messages;
@@ -285,7 +287,8 @@ DROP TRIGGER messages_text_update;
 DROP TRIGGER messages_text_final;
 DROP TRIGGER messages_unindexed_flush;
 CREATE TRIGGER messages_text_flush AFTER INSERT ON messages
-    WHEN new.seq >= (SELECT seq FROM messages_index_mark) + 64 BEGIN
+    WHEN new.seq >= (SELECT seq FROM messages_index_mark) + 64
+    AND (SELECT count(*) FROM messages WHERE seq > (SELECT seq FROM messages_index_mark)) >= 64 BEGIN
     INSERT INTO messages_text(rowid, content, owner)
         SELECT seq, content, owner FROM messages_indexed WHERE seq > (SELECT seq FROM messages_index_mark)
         UNION ALL
@@ -303,7 +306,8 @@ END;
 -- A message at or before the mark changed: out of the index if it is there, and listed if it is finished
 -- (a reply that streamed ends, say). One trigger, not two: each that fires costs a turn's write.
 CREATE TRIGGER messages_text_update AFTER UPDATE OF content, status ON messages
-    WHEN old.seq <= (SELECT seq FROM messages_index_mark) BEGIN
+    WHEN (old.status != 'streaming' OR new.status != 'streaming') AND old.seq <= (SELECT seq FROM messages_index_mark)
+    BEGIN
     INSERT INTO messages_text(messages_text, rowid, content, owner)
         SELECT 'delete', old.seq, old.content, hex(owner) FROM conversations
         WHERE old.status != 'streaming' AND id = old.conversation_id

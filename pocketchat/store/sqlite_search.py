@@ -1,5 +1,5 @@
 """Search in the SQLite file: FTS5 over messages and titles (the tables and triggers of its schema's steps
-9 and 12), ranked by BM25 (titles by FTS5's; messages from their text, pocketchat/search.py)."""
+9, 12 and 14), ranked by BM25 (titles by FTS5's; messages from their text, pocketchat/search.py)."""
 
 import json
 import re
