@@ -194,6 +194,28 @@ CREATE TABLE unfinished_imports (
 );
 CREATE INDEX unfinished_imports_by_import ON unfinished_imports (import_id);
 """,
+    # A message's words computed once (bench/search.py): an upsert fires the BEFORE INSERT trigger for the
+    # row it proposes even when that row is already there (a reply's checkpoint, its end), and then the
+    # BEFORE UPDATE trigger for the row it updates; the first no longer computes what the second will.
+    """
+CREATE OR REPLACE FUNCTION messages_words() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    owner_lexeme TEXT;
+BEGIN
+    IF NEW.status = 'streaming' THEN
+        NEW.words := NULL;
+    ELSIF TG_OP = 'INSERT' AND EXISTS (SELECT 1 FROM messages WHERE id = NEW.id) THEN
+        RETURN NEW;  -- it conflicts: the update's trigger writes the words, if the row is updated
+    ELSE
+        SELECT '~' || encode(sha256(convert_to(owner, 'UTF8')), 'hex') INTO owner_lexeme
+            FROM conversations WHERE id = NEW.conversation_id;
+        NEW.words := to_tsvector('english', translate(NEW.content, '<', ' '))
+            || array_to_tsvector(ARRAY[coalesce(owner_lexeme, '~')]);
+    END IF;
+    RETURN NEW;
+END
+$$;
+""",
 ]
 
 
