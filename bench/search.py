@@ -10,11 +10,11 @@ vocabulary of common English words and 40,000 made-up ones (user messages of 5 t
 is then built whole.
 
 - inserts: a turn written as the app writes it (the user message and a streaming reply in one
-  transaction, a checkpoint of the reply in another, then the finished reply), one turn after another, with the index and without
-  it (SQLite: its triggers dropped; PostgreSQL: its trigger disabled, the GIN index then taking an empty
-  entry a row), 7 (SQLite) or 3 rounds each way, alternated, in the same run: the median turn, its mean
-  and (SQLite) its median CPU time, as statements alone and through the store (its write queue: what a
-  turn of the app waits for), and the ratios;
+  transaction, a checkpoint of the reply in another, then the finished reply), one turn after another,
+  with the index and without it (SQLite: its triggers dropped; PostgreSQL: its trigger disabled, the GIN
+  index then taking an empty entry a row), 7 (SQLite) or 3 rounds each way, alternated, in the same
+  run: the median turn, its mean and (SQLite) its median CPU time, as statements alone and through the
+  store (its write queue: what a turn of the app waits for), and the ratios;
 - search: queries of one user through the store's `search` (what GET /api/search runs), 1 to 3 words
   taken from that user's messages (so that they match), a third of them with the last word cut to its
   first 4 to 6 letters as while typing: median and p95.
