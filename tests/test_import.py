@@ -13,6 +13,7 @@ from typing import Any
 import psutil
 import pytest
 
+from pocketchat.transfer.native import FORMAT, VERSION
 from tests.conftest import AppProcess
 from tests.fake_openai import Reply
 from tests.test_auth import TOKEN, sign_in
@@ -129,6 +130,54 @@ def test_the_json_export_round_trips_exactly_through_an_import(start_app, fake):
     turn = exported(app, chatted)["messages"]
     assert turn[1]["reasoning"] == "thinking" and turn[1]["meta"]["usage"]
     assert exported(app, chatted)["conversation"]["sampling"] == sampling
+
+
+def long_conversation(count: int, branch_at: int | None = None) -> dict[str, Any]:
+    """Our file of one conversation of `count` messages in a line; with `branch_at`, a second reply to that
+    message, after the rest, and the path shown ending on the first line (not on the latest message)."""
+    messages = [
+        {"id": f"m{n}", "parent_id": f"m{n - 1}" if n else None, "role": ("user", "assistant")[n % 2],
+         "content": f"message {n} of a long conversation", "reasoning": "", "status": "complete", "error": None,
+         "meta": {}, "created_at": 1.0 + n}
+        for n in range(count)
+    ]  # fmt: skip
+    if branch_at is not None:
+        other = messages[branch_at + 1] | {"id": "other", "content": "another version", "created_at": count + 1.0}
+        messages.append(other)
+    conversation = {"id": "long", "title": "Long", "model": "m", "system_prompt": "", "tools_off": [],
+                    "sampling": {}, "created_at": 1.0, "updated_at": 2.0, "leaf_id": f"m{count - 1}"}  # fmt: skip
+    return {"format": FORMAT, "version": VERSION, "conversation": conversation, "messages": messages}
+
+
+def test_a_long_conversation_goes_in_parts_and_comes_back_exactly(start_app):
+    """Over 500 messages, a conversation is written in parts (each a transaction): it comes back whole,
+    with its branch and the path it showed."""
+    app = start_app("--auth", "header")
+    data = long_conversation(1234, branch_at=600)
+    imported(app, json.dumps(data).encode(), **ALICE)
+    (copy_id,) = listed(app, **ALICE)
+    again = exported(app, copy_id, **ALICE)
+    assert shape(again) == shape(data)
+    assert len(chosen_path(again)) == 1234
+
+
+def test_another_users_replies_are_saved_while_a_conversation_of_80000_messages_is_written(start_app, fake):
+    """A conversation of 80,000 messages (31 MB) in one transaction held every other write up for seconds
+    (PostgreSQL: over 2 s, and other users' turns ended in errors); in parts, their replies are saved as
+    they end."""
+    app = start_app("--auth", "header")
+    bob = app.client(**BOB)
+    bob.hello()
+    fake.queue(*[Reply(count=20, pace=0.01)] * 200)
+    status, job = post_import(app, json.dumps(long_conversation(80_000)).encode(), **ALICE)
+    assert status == 202, job
+    turns = []
+    while job["status"] == "importing":
+        turns.append(bob.turn("Hello"))
+        job = call(app, "GET", f"/api/imports/{job['id']}", **ALICE)[1]
+    assert job["status"] == "done" and turns
+    errors = [frame for frames in turns for frame in frames if frame["type"] == "error"]
+    assert errors == [] and {frames[-1]["status"] for frames in turns} == {"complete"}
 
 
 def test_a_thousand_conversations_import_in_the_background_while_another_user_chats(start_app, fake):

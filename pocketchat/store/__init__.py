@@ -23,7 +23,7 @@ from pocketchat.records import (
 )
 from pocketchat.search import SearchHit, SearchQuery
 from pocketchat.settings import Settings
-from pocketchat.transfer.tree import ConversationTree
+from pocketchat.transfer.tree import ConversationTree, TreeMessage
 
 if TYPE_CHECKING:
     from pocketchat.shares import ShareRecord  # which imports this module's token_hash
@@ -103,6 +103,12 @@ class Store(Protocol):
     def import_conversations(self, owner: str, trees: list[ConversationTree], import_id: str) -> asyncio.Future[None]:
         """Write these conversations (new ids) as the owner's, in one transaction, listed as the running
         import's (ImportStopped if it is not running any more); not written again if refused."""
+
+    def import_messages(
+        self, conversation_id: str, messages: list[TreeMessage], import_id: str, leaf_id: str | None
+    ) -> asyncio.Future[None]:
+        """More messages of a conversation the import wrote, in a transaction of their own (a long
+        conversation goes in parts), and with its last part the path it shows (`leaf_id`)."""
 
     def finish_import(self, import_id: str) -> asyncio.Future[None]: ...
 

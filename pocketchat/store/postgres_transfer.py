@@ -15,9 +15,10 @@ from pocketchat.store.transfer import (
     ImportStopped,
     conversation_rows,
     message_rows,
+    rows_of,
     tree_from_rows,
 )
-from pocketchat.transfer.tree import ConversationTree
+from pocketchat.transfer.tree import ConversationTree, TreeMessage
 
 
 def _insert(table: str, columns: tuple[str, ...]) -> str:
@@ -59,6 +60,21 @@ class PostgresTransfer:
             await db.executemany(INSERT_UNFINISHED, unfinished)
 
         # Not kept to write again: the import is told it failed, and deletes what it wrote.
+        return self._write(work, None, retry=False)
+
+    def import_messages(
+        self, conversation_id: str, messages: list[TreeMessage], import_id: str, leaf_id: str | None
+    ) -> asyncio.Future[None]:
+        """More messages of a conversation the import wrote (a part of a long one), and the path it shows
+        once its last part is in (`leaf_id`, with that part); ImportStopped if it is not running any more."""
+        rows = rows_of(conversation_id, messages)
+
+        async def work(db: asyncpg.Connection) -> None:
+            if await db.execute(TOLD, time.time(), import_id) == "UPDATE 0":
+                raise ImportStopped(import_id)
+            await db.executemany(INSERT_MESSAGE, rows)
+            await db.execute("UPDATE conversations SET leaf_id = $1 WHERE id = $2", leaf_id, conversation_id)
+
         return self._write(work, None, retry=False)
 
     def finish_import(self, import_id: str) -> asyncio.Future[None]:

@@ -14,9 +14,10 @@ from pocketchat.store.transfer import (
     ImportStopped,
     conversation_rows,
     message_rows,
+    rows_of,
     tree_from_rows,
 )
-from pocketchat.transfer.tree import ConversationTree
+from pocketchat.transfer.tree import ConversationTree, TreeMessage
 
 
 def _insert(table: str, columns: tuple[str, ...]) -> str:
@@ -48,17 +49,32 @@ class SqliteTransfer:
     def import_conversations(self, owner: str, trees: list[ConversationTree], import_id: str) -> asyncio.Future[None]:
         """Write these conversations (new ids: never over a stored one) as the owner's, in one transaction,
         listed as the import's; ImportStopped if it is not running any more."""
-        conversations, messages = conversation_rows(owner, trees), message_rows(trees)
         unfinished = [(tree.id, import_id) for tree in trees]
 
         def work(db: sqlite3.Connection) -> None:
             if db.execute(TOLD, (time.time(), import_id)).rowcount == 0:
                 raise ImportStopped(import_id)
-            db.executemany(INSERT_CONVERSATION, conversations)
-            db.executemany(INSERT_MESSAGE, messages)
+            # The rows are made here, on the writer's thread: for a conversation of many messages, on the
+            # event loop they would hold every chat up.
+            db.executemany(INSERT_CONVERSATION, conversation_rows(owner, trees))
+            db.executemany(INSERT_MESSAGE, message_rows(trees))
             db.executemany(INSERT_UNFINISHED, unfinished)
 
         # Not kept to write again: the import is told it failed, and deletes what it wrote.
+        return self._write(work, None, retry=False)
+
+    def import_messages(
+        self, conversation_id: str, messages: list[TreeMessage], import_id: str, leaf_id: str | None
+    ) -> asyncio.Future[None]:
+        """More messages of a conversation the import wrote (a part of a long one), and the path it shows
+        once its last part is in (`leaf_id`, with that part); ImportStopped if it is not running any more."""
+
+        def work(db: sqlite3.Connection) -> None:
+            if db.execute(TOLD, (time.time(), import_id)).rowcount == 0:
+                raise ImportStopped(import_id)
+            db.executemany(INSERT_MESSAGE, rows_of(conversation_id, messages))
+            db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (leaf_id, conversation_id))
+
         return self._write(work, None, retry=False)
 
     def finish_import(self, import_id: str) -> asyncio.Future[None]:

@@ -39,10 +39,17 @@ def conversation_rows(owner: str, trees: list[ConversationTree]) -> list[tuple[A
 
 def message_rows(trees: list[ConversationTree]) -> list[tuple[Any, ...]]:
     """Every message of the trees, parents before their children (the order `seq` keeps)."""
+    return [row for tree in trees for row in rows_of(tree.id, tree.messages)]
+
+
+def rows_of(conversation_id: str, messages: list[TreeMessage]) -> list[tuple[Any, ...]]:
+    """These messages of a conversation, in the order given."""
     return [
-        (m.id, t.id, m.parent_id, m.role, m.content, m.reasoning, m.status, m.error, json.dumps(m.meta), m.created_at)
-        for t in trees
-        for m in t.messages
+        (
+            *(m.id, conversation_id, m.parent_id, m.role, m.content, m.reasoning, m.status, m.error),
+            *(json.dumps(m.meta), m.created_at),
+        )
+        for m in messages
     ]
 
 

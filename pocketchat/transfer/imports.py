@@ -3,8 +3,9 @@ a batch at a time, through the store's one write queue, all or nothing.
 
 The child (`read.py`) parses and checks the file away from the event loop and this process's memory; a
 bad file is refused before anything is written. The conversations then go in batches, each batch one
-write job (one transaction: a conversation is never half written), each under new ids and the
-importer's name, read one at a time on the event loop and paused between: other users' chats go first.
+write job (one transaction; a conversation of more than BATCH_MESSAGES messages goes in parts), each
+under new ids and the importer's name, read one at a time (a long one on a thread) and paused between:
+other users' chats go first.
 Each conversation is listed as the import's, in the transaction that writes it, until the import ends.
 If a batch fails, or the app stops meanwhile, the conversations this import wrote are deleted again; if
 its process dies (killed, its machine gone), the next that finds it gone deletes them (`clear_stopped`):
@@ -35,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 # The reader child runs `-m pocketchat.transfer.read` from here, wherever the app was started from.
 APP_ROOT = Path(__file__).resolve().parents[2]
-BATCH_MESSAGES = 500  # messages written in one job at most (a conversation is never split)
+BATCH_MESSAGES = 500  # messages written in one job at most (a longer conversation goes in parts)
 BATCH_CONVERSATIONS = 25
 # Between batches. Writing an import is CPU work in the app's process (reading lines, building rows); with
 # no pause, a chat's first chunk came twice as late while an import was written on a busy 2-core machine,
@@ -46,6 +47,7 @@ READ_TIMEOUT = 300.0  # seconds the child may take to read a file
 # Files checked at once, by all users: each reader child holds its file's parse in memory (hundreds of
 # MiB for a large file); more wait their turn.
 READERS = 2
+BIG_LINE = 1 << 18  # characters of a conversation's line from which it is read on a thread
 SWEEP_SECONDS = 30.0  # with replicas, how often each looks for an import whose replica died
 
 Status = Literal["importing", "done", "failed"]
@@ -228,7 +230,17 @@ class Imports:
             with open(lines, encoding="utf-8") as file:
                 batch: list[ConversationTree] = []
                 for line in file:  # a local file of one conversation a line: each read is short
-                    batch.append(self._tree(line))
+                    # A conversation of many messages is read on a thread: on the event loop it would hold
+                    # every chat up for as long (0.7 s for 40,000 messages); a thread gives the loop the GIL
+                    # back every few milliseconds.
+                    tree = await asyncio.to_thread(self._tree, line) if len(line) > BIG_LINE else self._tree(line)
+                    if len(tree.messages) > BATCH_MESSAGES:
+                        if batch:
+                            await self._write_batch(job, batch)
+                            batch = []
+                        await self._write_long(job, tree)
+                        continue
+                    batch.append(tree)
                     if len(batch) == BATCH_CONVERSATIONS or sum(len(tree.messages) for tree in batch) >= BATCH_MESSAGES:
                         await self._write_batch(job, batch)
                         batch = []
@@ -265,6 +277,22 @@ class Imports:
         job.imported += len(batch)
         await self._tell(job)
         await asyncio.sleep(PAUSE_SECONDS)  # an import is never urgent: the writer serves chats first
+
+    async def _write_long(self, job: ImportJob, tree: ConversationTree) -> None:
+        """A conversation of more messages than a write holds, in parts of BATCH_MESSAGES, each a write of
+        its own: the other users' writes go in between (one transaction of 40,000 messages held their
+        replies' saves up for over 2 s, and their turns ended in errors). Until its last part is in, it
+        shows its latest message; the import stays all or nothing (its parts are listed as its)."""
+        messages, leaf_id = tree.messages, tree.leaf_id
+        tree.messages, tree.leaf_id = messages[:BATCH_MESSAGES], None
+        await self.store.import_conversations(job.owner, [tree], job.id)
+        for start in range(BATCH_MESSAGES, len(messages), BATCH_MESSAGES):
+            part = messages[start : start + BATCH_MESSAGES]
+            last = start + BATCH_MESSAGES >= len(messages)
+            await self.store.import_messages(tree.id, part, job.id, leaf_id if last else None)
+        job.imported += 1
+        await self._tell(job)
+        await asyncio.sleep(PAUSE_SECONDS)
 
     async def _undo(self, job: ImportJob) -> None:
         """Delete what the import wrote: none of it stays. (Queued behind a batch still in flight.)"""
