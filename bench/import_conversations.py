@@ -7,6 +7,9 @@ then while Alice's import runs. It reports the import's time (checked whole in t
 written in the background) and Bob's first-chunk time, medians and p90, with and without it.
 
     .venv/bin/python -m bench.import_conversations [--repeat 3] [--postgres]
+
+With `--long 40000`: instead, one conversation of that many messages in our own format, and the longest
+Bob waits between two frames of a reply (50 chunks 10 ms apart) while it is imported.
 """
 
 import argparse
@@ -18,6 +21,7 @@ import threading
 import time
 from pathlib import Path
 
+from pocketchat.transfer.native import FORMAT, VERSION
 from tests.conftest import NO_LIMITS, AppProcess, ChatClient
 from tests.fake_openai import FakeOpenAIThread, Reply
 from tests.services import fresh_database
@@ -31,6 +35,76 @@ ALICE, BOB = {"X-Forwarded-User": "alice"}, {"X-Forwarded-User": "bob"}
 def conversations(count: int) -> bytes:
     lisbon = json.loads(FILE.read_text())[0]
     return json.dumps([lisbon | {"title": f"Trip {number}"} for number in range(count)]).encode()
+
+
+def long_conversation(count: int) -> bytes:
+    """Our file of one conversation of `count` messages in a line."""
+    messages = [
+        {"id": f"m{n}", "parent_id": f"m{n - 1}" if n else None, "role": ("user", "assistant")[n % 2],
+         "content": f"message {n} " + "lorem ipsum dolor sit amet " * 8, "reasoning": "", "status": "complete",
+         "error": None, "meta": {}, "created_at": 1.0 + n}
+        for n in range(count)
+    ]  # fmt: skip
+    conversation = {"id": "long", "title": "Long", "model": "m", "system_prompt": "", "tools_off": [],
+                    "sampling": {}, "created_at": 1.0, "updated_at": 2.0, "leaf_id": f"m{count - 1}"}  # fmt: skip
+    data = {"format": FORMAT, "version": VERSION, "conversation": conversation, "messages": messages}
+    return json.dumps(data).encode()
+
+
+def streamed(bob: ChatClient) -> tuple[float, float, bool]:
+    """One turn of Bob's: its first chunk, its longest wait between two frames (seconds), and whether it
+    ended complete with no error frame."""
+    started = last = time.perf_counter()
+    bob.send("message", content="Hello")
+    first, longest, errors = None, 0.0, False
+    while True:
+        frame = bob.recv(30)
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+        first = now - started if first is None and frame["type"] == "chunk" else first
+        errors = errors or frame["type"] == "error"
+        if frame["type"] == "turn_end":
+            return (first or float("nan")), longest, frame["status"] == "complete" and not errors
+
+
+def long_run(args: argparse.Namespace, database_url: str | None) -> None:
+    """One conversation of `args.long` messages imported while Bob's replies stream (50 chunks 10 ms apart):
+    the longest Bob waited between two frames of a reply, alone and meanwhile."""
+    data = long_conversation(args.long)
+    with FakeOpenAIThread(Reply(count=50, pace=0.01)) as fake, tempfile.TemporaryDirectory() as tmp:
+        flags = ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--auth", "header", *NO_LIMITS]
+        if database_url:
+            flags += ["--database-url", database_url]
+        app = AppProcess(Path(tmp), flags, {"POCKETCHAT_API_KEY": "bench"}).start()
+        try:
+            bob = app.client(**BOB)
+            bob.hello()
+            alone = [streamed(bob) for _ in range(args.turns)]
+            meanwhile, took = [], []
+            for _ in range(args.repeat):
+                body, content_type = multipart("long.json", data, "application/json")
+                started = time.perf_counter()
+                status, job = call(app, "POST", "/api/imports", body, **{"Content-Type": content_type, **ALICE})
+                assert status == 202, job
+                while job["status"] == "importing":
+                    meanwhile.append(streamed(bob))
+                    job = call(app, "GET", f"/api/imports/{job['id']}", **ALICE)[1]
+                took.append(time.perf_counter() - started)
+                assert job["status"] == "done", job
+        finally:
+            app.kill()
+    where = "PostgreSQL" if database_url else "SQLite"
+    print(
+        f"one conversation of {args.long} messages ({len(data) / 1e6:.1f} MB), {where}, {args.repeat} imports", end=""
+    )
+    print(f" (load average {os.getloadavg()[0]:.1f}); imported in {statistics.median(took):.1f} s (median)")
+    print("  Bob's replies          longest wait between frames: median   max   first chunk median  failed  turns")
+    for name, turns in (("alone", alone), ("while imported", meanwhile)):
+        waits = [longest for _, longest, _ in turns]
+        first = statistics.median(first for first, _, _ in turns)
+        failed = sum(not ok for _, _, ok in turns)
+        print(f"  {name:<22} {statistics.median(waits) * 1000:27.0f} ms {max(waits) * 1000:5.0f} ms", end="")
+        print(f" {first * 1000:16.1f} ms {failed:7d} {len(turns):6d}")
 
 
 def first_chunk(bob: ChatClient) -> float:
@@ -113,12 +187,14 @@ def main() -> None:
     parser.add_argument(
         "--postgres", action="store_true", help="import into a new PostgreSQL database (tests/services.py)"
     )
+    parser.add_argument("--long", type=int, help="instead: one conversation of this many messages (40000, say)")
     args = parser.parse_args()
+    bench = run if args.long is None else long_run
     if not args.postgres:
-        run(args, None)
+        bench(args, None)
         return
     with fresh_database() as url:
-        run(args, url)
+        bench(args, url)
 
 
 if __name__ == "__main__":
