@@ -9,12 +9,14 @@ from typing import Any
 import pytest
 
 from pocketchat.cluster.local import LocalCoordinator
+from pocketchat.search import parse_query
 from pocketchat.settings import Settings
 from pocketchat.store import Store
 from pocketchat.transfer import imports as imports_module
 from pocketchat.transfer.imports import ImportRunning, Imports
 from pocketchat.transfer.native import to_file
 from pocketchat.transfer.read import parse, read_trees
+from pocketchat.transfer.tree import ConversationTree, TreeMessage
 from tests.test_store import opened
 from tests.test_store import store as store  # the fixture: both stores
 
@@ -186,3 +188,79 @@ def test_a_user_runs_one_import_at_a_time_and_another_user_is_not_held_up(store,
     first, second, bobs, seen_by_bob = asyncio.run(scenario())
     assert isinstance(second, ImportRunning)
     assert first.status == bobs.status == "done" and seen_by_bob is None
+
+
+def chain(count: int, leaf: int | None, branch_at: int | None = None) -> ConversationTree:
+    """A conversation of `count` messages one after another (and, with `branch_at`, one more answering
+    that message), showing message `leaf` (None: its latest)."""
+    messages = [
+        TreeMessage(f"m{n}", f"m{n - 1}" if n else None, ("user", "assistant")[n % 2], f"wombat {n}", "", "complete")
+        for n in range(count)
+    ]
+    if branch_at is not None:
+        messages.append(TreeMessage("other", f"m{branch_at}", "assistant", "wombat other", "", "complete"))
+    chosen = None if leaf is None else f"m{leaf}"
+    return ConversationTree("Chain", "m", "", 1.0, 2.0, chosen, messages, id="c")
+
+
+def shape(tree: ConversationTree) -> tuple[Any, ...]:
+    """A tree without its ids: each parent and the message shown named by position."""
+    position = {message.id: number for number, message in enumerate(tree.messages)}
+    messages = [(position.get(m.parent_id), m.role, m.content) for m in tree.messages]
+    return position.get(tree.leaf_id), messages
+
+
+@pytest.mark.parametrize(
+    ("count", "leaf", "branch_at"),
+    [(12, 3, None), (10, None, None), (13, 11, 6), (6, 5, None)],
+    ids=["leaf in the first part", "parts of exactly 5, no leaf", "a branch in the last part", "one more"],
+)
+def test_a_long_conversation_goes_in_parts_and_comes_back_exactly(store, tmp_path, monkeypatch, count, leaf, branch_at):
+    """Over BATCH_MESSAGES, a conversation is written in parts (5 here), each its own write: it comes back
+    whole, with the path it showed."""
+    monkeypatch.setattr(imports_module, "BATCH_MESSAGES", 5)
+    tree = chain(count, leaf, branch_at)
+    calls = []
+
+    async def scenario() -> Any:
+        async with opened(store) as db:
+            write = db.import_messages
+
+            def counted(*args: Any) -> Any:
+                calls.append(len(args[1]))
+                return write(*args)
+
+            db.import_messages = counted  # type: ignore[method-assign]
+            job = await run_import(db, json.dumps(to_file(tree)).encode(), tmp_path)
+            (record,) = await db.list_conversations("alice")
+            return job, await db.conversation_tree(record.id, "alice")
+
+    job, back = asyncio.run(scenario())
+    assert job.status == "done" and job.imported == 1
+    assert calls == [len(tree.messages[start : start + 5]) for start in range(5, len(tree.messages), 5)]
+    assert shape(back) == shape(tree)
+
+
+def test_a_conversation_written_in_parts_is_hidden_until_its_last_part_is_in(store):
+    """Until then no one lists it, opens it or finds it: a delete, a turn or a branch switch meanwhile
+    would meet a conversation the next part changes under it."""
+    tree = chain(8, None).with_new_ids()
+    first, rest = tree.messages[:5], tree.messages[5:]
+
+    async def seen(db: Store) -> tuple[Any, ...]:
+        listed = [record.id for record in await db.list_conversations("alice")]
+        found = await db.search("alice", parse_query("wombat"), 10)
+        return listed, await db.load(tree.id) is not None, [hit.conversation_id for hit in found]
+
+    async def scenario() -> tuple[Any, ...]:
+        async with opened(store) as db:
+            await db.begin_import("import-1", "replica-1")
+            tree.messages = first
+            await db.import_conversations("alice", [tree], "import-1", partial=True)
+            meanwhile = await seen(db)
+            await db.import_messages(tree.id, rest, "import-1", True, None)
+            return meanwhile, await seen(db)
+
+    meanwhile, after = asyncio.run(scenario())
+    assert meanwhile == ([], False, [])
+    assert after == ([tree.id], True, [tree.id])

@@ -100,15 +100,18 @@ class Store(Protocol):
     def begin_import(self, import_id: str, replica: str) -> asyncio.Future[None]:
         """List an import as running on that replica (`running_imports`), until it is finished or undone."""
 
-    def import_conversations(self, owner: str, trees: list[ConversationTree], import_id: str) -> asyncio.Future[None]:
+    def import_conversations(
+        self, owner: str, trees: list[ConversationTree], import_id: str, partial: bool = False
+    ) -> asyncio.Future[None]:
         """Write these conversations (new ids) as the owner's, in one transaction, listed as the running
-        import's (ImportStopped if it is not running any more); not written again if refused."""
+        import's (ImportStopped if it is not running any more); not written again if refused. `partial`:
+        the first part of a long one, hidden (not listed, opened or found) until its last part is in."""
 
     def import_messages(
-        self, conversation_id: str, messages: list[TreeMessage], import_id: str, leaf_id: str | None
+        self, conversation_id: str, messages: list[TreeMessage], import_id: str, last: bool, leaf_id: str | None
     ) -> asyncio.Future[None]:
-        """More messages of a conversation the import wrote, in a transaction of their own (a long
-        conversation goes in parts), and with its last part the path it shows (`leaf_id`)."""
+        """More messages of a partial conversation, in a transaction of their own; with the `last`, the
+        path it shows (`leaf_id`), and it is shown."""
 
     def finish_import(self, import_id: str) -> asyncio.Future[None]: ...
 

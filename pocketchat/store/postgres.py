@@ -39,6 +39,7 @@ from pocketchat.store.postgres_search import PostgresSearch
 from pocketchat.store.postgres_shares import PostgresShares
 from pocketchat.store.postgres_transfer import PostgresTransfer
 from pocketchat.store.queued import QueuedStore, Row
+from pocketchat.store.transfer import PARTIAL
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -193,7 +194,7 @@ class PostgresStore(
             await self._pool.release(db)
 
     async def list_conversations(self, owner: str) -> list[ConversationRecord]:
-        query = f"SELECT {CONVERSATION_READ} FROM conversations WHERE owner = $1"
+        query = f"SELECT {CONVERSATION_READ} FROM conversations WHERE owner = $1 AND id NOT IN {PARTIAL}"
         query += " ORDER BY updated_at DESC, created_at DESC"
         rows = await self._read(lambda db: db.fetch(query, owner))
         return [ConversationRecord.from_row(row) for row in rows]
@@ -202,7 +203,8 @@ class PostgresStore(
         async def work(db: asyncpg.Connection) -> tuple[ConversationRecord, list[Message]] | None:
             # One snapshot: the messages are those of the conversation as read, not of a later write.
             async with db.transaction(isolation="repeatable_read", readonly=True):
-                row = await db.fetchrow(f"SELECT {CONVERSATION_READ} FROM conversations WHERE id = $1", conversation_id)
+                query = f"SELECT {CONVERSATION_READ} FROM conversations WHERE id = $1 AND id NOT IN {PARTIAL}"
+                row = await db.fetchrow(query, conversation_id)
                 if row is None:
                     return None
                 query = f"SELECT {MESSAGE_COLUMNS} FROM messages WHERE conversation_id = $1 ORDER BY seq"

@@ -190,7 +190,8 @@ CREATE INDEX shares_by_conversation ON shares (conversation_id, created_at);
 CREATE TABLE running_imports (id TEXT PRIMARY KEY, replica TEXT NOT NULL, told_at DOUBLE PRECISION NOT NULL);
 CREATE TABLE unfinished_imports (
     conversation_id TEXT PRIMARY KEY REFERENCES conversations (id) ON DELETE CASCADE,
-    import_id TEXT NOT NULL
+    import_id TEXT NOT NULL,
+    partial BOOLEAN NOT NULL DEFAULT false
 );
 CREATE INDEX unfinished_imports_by_import ON unfinished_imports (import_id);
 """,

@@ -21,6 +21,7 @@ from pocketchat.search import (
     highlighted,
     keys,
 )
+from pocketchat.store.transfer import PARTIAL
 
 HEADLINE = f"StartSel={MARK_START}, StopSel={MARK_END}, MaxWords={SNIPPET_TOKENS}, MinWords={SNIPPET_TOKENS // 2}"
 TITLE_HEADLINE = f"StartSel={MARK_START}, StopSel={MARK_END}, HighlightAll=true"
@@ -122,7 +123,8 @@ async def _search(db: asyncpg.Connection, owner: str, words: str, limit: int) ->
     rows = await db.fetch(
         "SELECT c.id, c.title, CASE WHEN c.title_words @@ q"
         " THEN ts_headline('english', translate(c.title, '<', ' '), q, $4) END"
-        " FROM conversations c, to_tsquery('english', $1) q WHERE c.owner = $2 AND c.id = ANY($3::text[])",
+        " FROM conversations c, to_tsquery('english', $1) q WHERE c.owner = $2 AND c.id = ANY($3::text[])"
+        f" AND c.id NOT IN {PARTIAL}",
         words,
         owner,
         [conversation_id for conversation_id, _, _ in ranked],

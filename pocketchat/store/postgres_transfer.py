@@ -45,11 +45,14 @@ class PostgresTransfer:
         begin = "INSERT INTO running_imports VALUES ($1, $2, $3)"
         return self._write(lambda db: db.execute(begin, import_id, replica, time.time()), None, retry=False)
 
-    def import_conversations(self, owner: str, trees: list[ConversationTree], import_id: str) -> asyncio.Future[None]:
+    def import_conversations(
+        self, owner: str, trees: list[ConversationTree], import_id: str, partial: bool = False
+    ) -> asyncio.Future[None]:
         """Write these conversations (new ids: never over a stored one) as the owner's, in one transaction,
-        listed as the import's; ImportStopped if it is not running any more."""
+        listed as the import's (`partial`: hidden, more of it to come); ImportStopped if it is not running
+        any more."""
         conversations, messages = conversation_rows(owner, trees), message_rows(trees)
-        unfinished = [(tree.id, import_id) for tree in trees]
+        unfinished = [(tree.id, import_id, partial) for tree in trees]
 
         async def work(db: asyncpg.Connection) -> None:
             # The import's row stays locked until this commits: an undo meanwhile waits, then deletes this too.
@@ -63,17 +66,21 @@ class PostgresTransfer:
         return self._write(work, None, retry=False)
 
     def import_messages(
-        self, conversation_id: str, messages: list[TreeMessage], import_id: str, leaf_id: str | None
+        self, conversation_id: str, messages: list[TreeMessage], import_id: str, last: bool, leaf_id: str | None
     ) -> asyncio.Future[None]:
-        """More messages of a conversation the import wrote (a part of a long one), and the path it shows
-        once its last part is in (`leaf_id`, with that part); ImportStopped if it is not running any more."""
+        """More messages of a partial conversation the import writes; with the `last`, the path it shows
+        (`leaf_id`), and it is shown; ImportStopped if the import is not running any more."""
         rows = rows_of(conversation_id, messages)
 
         async def work(db: asyncpg.Connection) -> None:
             if await db.execute(TOLD, time.time(), import_id) == "UPDATE 0":
                 raise ImportStopped(import_id)
             await db.executemany(INSERT_MESSAGE, rows)
-            await db.execute("UPDATE conversations SET leaf_id = $1 WHERE id = $2", leaf_id, conversation_id)
+            if last:
+                await db.execute("UPDATE conversations SET leaf_id = $1 WHERE id = $2", leaf_id, conversation_id)
+                await db.execute(
+                    "UPDATE unfinished_imports SET partial = false WHERE conversation_id = $1", conversation_id
+                )
 
         return self._write(work, None, retry=False)
 

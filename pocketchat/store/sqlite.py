@@ -31,6 +31,7 @@ from pocketchat.store.sqlite_schema import migrate
 from pocketchat.store.sqlite_search import SqliteSearch
 from pocketchat.store.sqlite_shares import SqliteShares
 from pocketchat.store.sqlite_transfer import SqliteTransfer
+from pocketchat.store.transfer import PARTIAL
 from pocketchat.store.writes import Database, Job, JobFailed
 
 logger = logging.getLogger(__name__)
@@ -232,12 +233,14 @@ class SqliteStore(SqliteShares, SqliteAttachments, SqliteSearch, SqliteTransfer,
         return await self._readers.run(work)
 
     async def list_conversations(self, owner: str) -> list[ConversationRecord]:
-        query = "SELECT * FROM conversations WHERE owner = ? ORDER BY updated_at DESC, created_at DESC"
+        query = f"SELECT * FROM conversations WHERE owner = ? AND id NOT IN {PARTIAL}"
+        query += " ORDER BY updated_at DESC, created_at DESC"
         return await self._read(lambda db: [ConversationRecord.from_row(row) for row in db.execute(query, (owner,))])
 
     async def load(self, conversation_id: str) -> tuple[ConversationRecord, list[Message]] | None:
         def work(db: sqlite3.Connection) -> tuple[ConversationRecord, list[Message]] | None:
-            row = db.execute("SELECT * FROM conversations WHERE id = ?", (conversation_id,)).fetchone()
+            query = f"SELECT * FROM conversations WHERE id = ? AND id NOT IN {PARTIAL}"
+            row = db.execute(query, (conversation_id,)).fetchone()
             if row is None:
                 return None
             rows = db.execute("SELECT * FROM messages WHERE conversation_id = ? ORDER BY seq", (conversation_id,))

@@ -259,12 +259,14 @@ INSERT INTO messages_text(messages_text) VALUES ('optimize');
     # Imports under way (transfer/imports.py): each with the process (replica) writing it and when its
     # last batch landed, and each conversation it wrote, until it ends. Should that process die mid-import,
     # the app that finds it gone deletes what it wrote: an import is kept whole or not at all. A batch
-    # lands only while its import is listed here, so one deleted as stopped writes nothing more.
+    # lands only while its import is listed here, so one deleted as stopped writes nothing more. A long
+    # conversation goes in parts: until its last is in, it is `partial`, and no one lists or opens it.
     """
 CREATE TABLE running_imports (id TEXT PRIMARY KEY, replica TEXT NOT NULL, told_at REAL NOT NULL);
 CREATE TABLE unfinished_imports (
     conversation_id TEXT PRIMARY KEY REFERENCES conversations(id) ON DELETE CASCADE,
-    import_id TEXT NOT NULL
+    import_id TEXT NOT NULL,
+    partial INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX unfinished_imports_by_import ON unfinished_imports(import_id);
 """,

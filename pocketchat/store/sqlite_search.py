@@ -20,6 +20,7 @@ from pocketchat.search import (
     matches,
     term_patterns,
 )
+from pocketchat.store.transfer import PARTIAL
 
 TOKENIZER = "porter unicode61 remove_diacritics 2"  # the message index's (the schema's step 12)
 # Letters to Python (a later Unicode) that FTS5's tokenizer (Unicode 6.1's categories) takes for separators:
@@ -139,7 +140,8 @@ def _search(db: sqlite3.Connection, owner: str, query: SearchQuery, limit: int) 
         ).fetchall()
         ids = {row["conversation_id"] for row in found} | {conversation_id for conversation_id, _ in titles}
         named = db.execute(
-            "SELECT id, title FROM conversations WHERE owner = ? AND id IN (SELECT value FROM json_each(?))",
+            f"SELECT id, title FROM conversations WHERE owner = ? AND id IN (SELECT value FROM json_each(?))"
+            f" AND id NOT IN {PARTIAL}",
             (owner, json.dumps(sorted(ids))),
         ).fetchall()
     finally:

@@ -46,10 +46,13 @@ class SqliteTransfer:
             lambda db: db.execute("INSERT INTO running_imports VALUES (?, ?, ?)", row), None, retry=False
         )
 
-    def import_conversations(self, owner: str, trees: list[ConversationTree], import_id: str) -> asyncio.Future[None]:
+    def import_conversations(
+        self, owner: str, trees: list[ConversationTree], import_id: str, partial: bool = False
+    ) -> asyncio.Future[None]:
         """Write these conversations (new ids: never over a stored one) as the owner's, in one transaction,
-        listed as the import's; ImportStopped if it is not running any more."""
-        unfinished = [(tree.id, import_id) for tree in trees]
+        listed as the import's (`partial`: hidden, more of it to come); ImportStopped if it is not running
+        any more."""
+        unfinished = [(tree.id, import_id, partial) for tree in trees]
 
         def work(db: sqlite3.Connection) -> None:
             if db.execute(TOLD, (time.time(), import_id)).rowcount == 0:
@@ -64,16 +67,18 @@ class SqliteTransfer:
         return self._write(work, None, retry=False)
 
     def import_messages(
-        self, conversation_id: str, messages: list[TreeMessage], import_id: str, leaf_id: str | None
+        self, conversation_id: str, messages: list[TreeMessage], import_id: str, last: bool, leaf_id: str | None
     ) -> asyncio.Future[None]:
-        """More messages of a conversation the import wrote (a part of a long one), and the path it shows
-        once its last part is in (`leaf_id`, with that part); ImportStopped if it is not running any more."""
+        """More messages of a partial conversation the import writes; with the `last`, the path it shows
+        (`leaf_id`), and it is shown; ImportStopped if the import is not running any more."""
 
         def work(db: sqlite3.Connection) -> None:
             if db.execute(TOLD, (time.time(), import_id)).rowcount == 0:
                 raise ImportStopped(import_id)
             db.executemany(INSERT_MESSAGE, rows_of(conversation_id, messages))
-            db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (leaf_id, conversation_id))
+            if last:
+                db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (leaf_id, conversation_id))
+                db.execute("UPDATE unfinished_imports SET partial = 0 WHERE conversation_id = ?", (conversation_id,))
 
         return self._write(work, None, retry=False)
 

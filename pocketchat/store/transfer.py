@@ -20,7 +20,9 @@ MESSAGE_COLUMNS = (
 )  # fmt: skip
 
 
-UNFINISHED_COLUMNS = ("conversation_id", "import_id")
+UNFINISHED_COLUMNS = ("conversation_id", "import_id", "partial")
+# The conversations an import is still writing in parts (a long one): no one lists, opens or finds them.
+PARTIAL = "(SELECT conversation_id FROM unfinished_imports WHERE partial)"
 
 
 class ImportStopped(Exception):

@@ -281,15 +281,15 @@ class Imports:
     async def _write_long(self, job: ImportJob, tree: ConversationTree) -> None:
         """A conversation of more messages than a write holds, in parts of BATCH_MESSAGES, each a write of
         its own: the other users' writes go in between (one transaction of 40,000 messages held their
-        replies' saves up for over 2 s, and their turns ended in errors). Until its last part is in, it
-        shows its latest message; the import stays all or nothing (its parts are listed as its)."""
+        replies' saves up for over 2 s, and their turns ended in errors). Until its last part is in, no one
+        lists, opens or finds it; the import stays all or nothing (its parts are listed as its)."""
         messages, leaf_id = tree.messages, tree.leaf_id
         tree.messages, tree.leaf_id = messages[:BATCH_MESSAGES], None
-        await self.store.import_conversations(job.owner, [tree], job.id)
+        await self.store.import_conversations(job.owner, [tree], job.id, partial=True)
         for start in range(BATCH_MESSAGES, len(messages), BATCH_MESSAGES):
-            part = messages[start : start + BATCH_MESSAGES]
             last = start + BATCH_MESSAGES >= len(messages)
-            await self.store.import_messages(tree.id, part, job.id, leaf_id if last else None)
+            await self.store.import_messages(tree.id, messages[start : start + BATCH_MESSAGES], job.id, last, leaf_id)
+            await asyncio.sleep(0)  # what waited for the writer meanwhile (a chat's) goes first
         job.imported += 1
         await self._tell(job)
         await asyncio.sleep(PAUSE_SECONDS)
