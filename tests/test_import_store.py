@@ -250,7 +250,9 @@ def test_a_conversation_written_in_parts_is_hidden_until_its_last_part_is_in(sto
     async def seen(db: Store) -> tuple[Any, ...]:
         listed = [record.id for record in await db.list_conversations("alice")]
         found = await db.search("alice", parse_query("wombat"), 10)
-        return listed, await db.load(tree.id) is not None, [hit.conversation_id for hit in found]
+        for_the_model = await db.search_messages("alice", ["wombat"], 10, "none")
+        found_ids = [hit.conversation_id for hit in found] + [hit.conversation_id for hit in for_the_model][:1]
+        return listed, await db.load(tree.id) is not None, found_ids
 
     async def scenario() -> tuple[Any, ...]:
         async with opened(store) as db:
@@ -263,4 +265,4 @@ def test_a_conversation_written_in_parts_is_hidden_until_its_last_part_is_in(sto
 
     meanwhile, after = asyncio.run(scenario())
     assert meanwhile == ([], False, [])
-    assert after == ([tree.id], True, [tree.id])
+    assert after == ([tree.id], True, [tree.id, tree.id])

@@ -82,7 +82,7 @@ class PostgresSearch:
             "SELECT m.conversation_id, c.title, m.role, m.content, m.created_at"
             " FROM messages m JOIN conversations c ON c.id = m.conversation_id, to_tsquery('english', $1) q"
             " WHERE numnode(q) > 0 AND m.words @@ (q && $2::tsquery) AND m.turn_id IS DISTINCT FROM $3"
-            " ORDER BY m.seq DESC LIMIT $4"
+            f" AND m.conversation_id NOT IN {PARTIAL} ORDER BY m.seq DESC LIMIT $4"
         )
         args = (tsquery(SearchQuery(tuple(terms))), owner_lexeme(owner), leave_out_turn, most)
         rows = await self._read(lambda db: db.fetch(query, *args))

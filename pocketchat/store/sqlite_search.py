@@ -70,7 +70,8 @@ class SqliteSearch:
                 rows = db.execute(
                     "SELECT m.conversation_id, c.title, m.role, m.content, m.created_at FROM messages m"
                     " JOIN conversations c ON c.id = m.conversation_id"
-                    " WHERE m.seq IN (SELECT value FROM json_each(?)) ORDER BY m.seq DESC",
+                    " WHERE m.seq IN (SELECT value FROM json_each(?))"
+                    f" AND m.conversation_id NOT IN {PARTIAL} ORDER BY m.seq DESC",
                     (json.dumps(seqs),),
                 ).fetchall()
             finally:
