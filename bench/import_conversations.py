@@ -13,13 +13,16 @@ Bob waits between two frames of a reply (50 chunks 10 ms apart) while it is impo
 """
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from pocketchat.transfer.native import FORMAT, VERSION
 from tests.conftest import NO_LIMITS, AppProcess, ChatClient
@@ -71,28 +74,17 @@ def long_run(args: argparse.Namespace, database_url: str | None) -> None:
     """One conversation of `args.long` messages imported while Bob's replies stream (50 chunks 10 ms apart):
     the longest Bob waited between two frames of a reply, alone and meanwhile."""
     data = long_conversation(args.long)
-    with FakeOpenAIThread(Reply(count=50, pace=0.01)) as fake, tempfile.TemporaryDirectory() as tmp:
-        flags = ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--auth", "header", *NO_LIMITS]
-        if database_url:
-            flags += ["--database-url", database_url]
-        app = AppProcess(Path(tmp), flags, {"POCKETCHAT_API_KEY": "bench"}).start()
-        try:
-            bob = app.client(**BOB)
-            bob.hello()
-            alone = [streamed(bob) for _ in range(args.turns)]
-            meanwhile, took = [], []
-            for _ in range(args.repeat):
-                body, content_type = multipart("long.json", data, "application/json")
-                started = time.perf_counter()
-                status, job = call(app, "POST", "/api/imports", body, **{"Content-Type": content_type, **ALICE})
-                assert status == 202, job
-                while job["status"] == "importing":
-                    meanwhile.append(streamed(bob))
-                    job = call(app, "GET", f"/api/imports/{job['id']}", **ALICE)[1]
-                took.append(time.perf_counter() - started)
-                assert job["status"] == "done", job
-        finally:
-            app.kill()
+    with app_and_bob(Reply(count=50, pace=0.01), database_url) as (app, bob):
+        alone = [streamed(bob) for _ in range(args.turns)]
+        meanwhile, took = [], []
+        for _ in range(args.repeat):
+            started = time.perf_counter()
+            job = alices_import(app, "long.json", data)
+            while job["status"] == "importing":
+                meanwhile.append(streamed(bob))
+                job = call(app, "GET", f"/api/imports/{job['id']}", **ALICE)[1]
+            took.append(time.perf_counter() - started)
+            assert job["status"] == "done", job
     where = "PostgreSQL" if database_url else "SQLite"
     print(
         f"one conversation of {args.long} messages ({len(data) / 1e6:.1f} MB), {where}, {args.repeat} imports", end=""
@@ -126,9 +118,10 @@ def p90(values: list[float]) -> float:
     return ordered[min(int(0.9 * len(ordered)), len(ordered) - 1)]
 
 
-def run(args: argparse.Namespace, database_url: str | None) -> None:
-    data = conversations(args.count)
-    with FakeOpenAIThread(Reply(count=20)) as fake, tempfile.TemporaryDirectory() as tmp:
+@contextlib.contextmanager
+def app_and_bob(reply: Reply, database_url: str | None) -> Iterator[tuple[AppProcess, ChatClient]]:
+    """The app (on PostgreSQL if `database_url`), its fake provider answering `reply`, and Bob's socket."""
+    with FakeOpenAIThread(reply) as fake, tempfile.TemporaryDirectory() as tmp:
         flags = ["--base-url", f"http://127.0.0.1:{fake.port}/v1", "--auth", "header", *NO_LIMITS]
         if database_url:
             flags += ["--database-url", database_url]
@@ -136,38 +129,50 @@ def run(args: argparse.Namespace, database_url: str | None) -> None:
         try:
             bob = app.client(**BOB)
             bob.hello()
-            for _ in range(5):
-                first_chunk(bob)  # warm
-            times: dict[str, list[float]] = {"alone": [], "while checked": [], "while written": []}
-            checks, imports = [], []
-            for _ in range(args.repeat):
-                # Bob alone just before each import: the machine's load drifts, the comparison stays fair.
-                times["alone"] += [first_chunk(bob) for _ in range(args.turns)]
-                phase = ["while checked"]
-                done = threading.Event()
-
-                def chat(done: threading.Event = done, phase: list[str] = phase) -> None:
-                    while not done.is_set():
-                        took = first_chunk(bob)
-                        times[phase[0]].append(took)
-
-                chatter = threading.Thread(target=chat)
-                body, content_type = multipart("conversations.json", data, "application/json")
-                chatter.start()
-                started = time.perf_counter()
-                status, job = call(app, "POST", "/api/imports", body, **{"Content-Type": content_type, **ALICE})
-                assert status == 202, job
-                phase[0] = "while written"
-                checks.append(time.perf_counter() - started)
-                while job["status"] == "importing":
-                    time.sleep(0.02)
-                    job = call(app, "GET", f"/api/imports/{job['id']}", **ALICE)[1]
-                imports.append(time.perf_counter() - started)
-                done.set()
-                chatter.join()
-                assert job["status"] == "done" and job["imported"] == args.count, job
+            yield app, bob
         finally:
             app.kill()
+
+
+def alices_import(app: AppProcess, name: str, data: bytes) -> dict[str, Any]:
+    """Alice's upload of `data`: the import's first status."""
+    body, content_type = multipart(name, data, "application/json")
+    status, job = call(app, "POST", "/api/imports", body, **{"Content-Type": content_type, **ALICE})
+    assert status == 202, job
+    return job
+
+
+def run(args: argparse.Namespace, database_url: str | None) -> None:
+    data = conversations(args.count)
+    with app_and_bob(Reply(count=20), database_url) as (app, bob):
+        for _ in range(5):
+            first_chunk(bob)  # warm
+        times: dict[str, list[float]] = {"alone": [], "while checked": [], "while written": []}
+        checks, imports = [], []
+        for _ in range(args.repeat):
+            # Bob alone just before each import: the machine's load drifts, the comparison stays fair.
+            times["alone"] += [first_chunk(bob) for _ in range(args.turns)]
+            phase = ["while checked"]
+            done = threading.Event()
+
+            def chat(done: threading.Event = done, phase: list[str] = phase) -> None:
+                while not done.is_set():
+                    took = first_chunk(bob)
+                    times[phase[0]].append(took)
+
+            chatter = threading.Thread(target=chat)
+            chatter.start()
+            started = time.perf_counter()
+            job = alices_import(app, "conversations.json", data)
+            phase[0] = "while written"
+            checks.append(time.perf_counter() - started)
+            while job["status"] == "importing":
+                time.sleep(0.02)
+                job = call(app, "GET", f"/api/imports/{job['id']}", **ALICE)[1]
+            imports.append(time.perf_counter() - started)
+            done.set()
+            chatter.join()
+            assert job["status"] == "done" and job["imported"] == args.count, job
     where = "PostgreSQL" if database_url else "SQLite"
     load = os.getloadavg()[0]
     print(f"{args.count} ChatGPT conversations ({len(data) / 1e6:.1f} MB), {where}, {args.repeat} imports", end="")
