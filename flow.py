@@ -1,7 +1,8 @@
 """The graphs PocketChat can run, by name: `--flow NAME` picks one (default `chat`).
 
-A flow gets its options from the settings; each turn runs a fresh copy of it on the turn's shared
-store (see `turns.new_shared`).
+A flow gets its options from the settings. The app builds it once; each turn runs it on the turn's
+shared store (see `turns.new_shared`), and PocketFlow runs a copy of each node, so turns at once share
+no node's state.
 """
 
 from collections.abc import Callable

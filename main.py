@@ -13,6 +13,7 @@ database instead: `python main.py --login-link` makes a new sign-in link for `--
 
 import asyncio
 import contextlib
+import gc
 import logging
 import re
 import signal
@@ -230,8 +231,19 @@ def main(argv: list[str]) -> None:
         # for any one frame, then stops the turns and stores their replies.
         timeout_graceful_shutdown=max(1, round(settings.send_timeout)),
     )
+    tune_garbage_collector()
     with contextlib.suppress(KeyboardInterrupt):  # uvicorn raises it again after a clean Ctrl+C shutdown
         DrainingServer(config, app).run()
+
+
+def tune_garbage_collector() -> None:
+    """Keep the garbage collector's pauses off the event loop's hot path (README, Benchmarks). What the
+    imports made (about 144,000 objects: a full collection took 85 ms) is frozen, never scanned again;
+    and a young collection waits for 10,000 new objects rather than 700. Under a burst of 300 streams
+    the collector took 2.7 s of the app's CPU in 165 ms pauses; after this, 0.6 s."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(10_000, 10, 10)
 
 
 class DrainingServer(uvicorn.Server):

@@ -5,7 +5,9 @@ import logging
 from typing import Any, Protocol
 
 from fastapi import FastAPI
+from pocketflow import AsyncFlow
 
+from flow import FLOWS
 from pocketchat import protocol
 from pocketchat.background import Background, cancel_and_wait
 from pocketchat.cluster import Coordinator, make_coordinator
@@ -35,6 +37,8 @@ class AppState:
         self.settings = settings
         self.store = store
         self.provider = provider
+        # Built once: PocketFlow runs each turn on copies of its nodes, so turns share it safely.
+        self.flow: AsyncFlow = FLOWS[settings.flow](settings)
         self.hub = Hub(store)
         self.coordinator: Coordinator = make_coordinator(settings, self.hub, store)
         self.hub.coordinator = self.coordinator  # asked for turn logs, and of conversations elsewhere

@@ -7,7 +7,6 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from flow import FLOWS
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn, TurnIds
 from pocketchat.errors import ProtocolError, StorageError, Unavailable
@@ -83,7 +82,7 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
     checkpoints = asyncio.create_task(checkpoint_reply(state.store, conversation.id, turn))
     try:
         await state.coordinator.started(conversation, turn, lease)
-        await FLOWS[state.settings.flow](state.settings).run_async(shared)
+        await state.flow.run_async(shared)
         if turn.failure is not None:
             # Redis lost, or the turn taken over: a service failed, not PocketChat.
             await fail_turn(state, conversation, turn, turn.failure, Unavailable)
