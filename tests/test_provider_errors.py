@@ -136,7 +136,7 @@ def read_events(*pieces: bytes) -> list[object]:
     """The chunks the provider's SSE reader gets from a response body that arrives in `pieces`."""
 
     async def read() -> list[object]:
-        return [chunk async for chunk in _chunks(Arriving(pieces))]  # type: ignore[arg-type]
+        return [chunk async for chunk in _chunks(Arriving(pieces), lambda error: error)]  # type: ignore[arg-type]
 
     return asyncio.run(read())
 

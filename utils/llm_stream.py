@@ -153,6 +153,8 @@ class UnicodeRepair:
 
 
 def valid_text(text: str) -> str:
+    if text.isascii():  # most text, and every chunk of many replies: no surrogate to mend
+        return text.replace("\x00", "")
     # UTF-16 with surrogatepass turns a proper pair into its character; "replace" marks the rest. A NUL
     # is dropped: PostgreSQL cannot store one.
     return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").replace("\x00", "")

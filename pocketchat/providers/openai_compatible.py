@@ -2,6 +2,7 @@
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import re
@@ -172,7 +173,7 @@ class OpenAIProvider:
         except openai.OpenAIError as error:
             raise self.translate(error) from None
         try:
-            yield self._errors_translated(_chunks(response))
+            yield _chunks(response, functools.partial(self.translate, streaming=True))
         finally:
             # A response not read to its end closes its connection here: the provider sees it.
             response.release()
@@ -216,13 +217,6 @@ class OpenAIProvider:
             response.release()
         read = httpx2.Response(response.status, headers=response.raw_headers, content=content, request=request)
         return self.client._make_status_error_from_response(read)
-
-    async def _errors_translated(self, chunks: AsyncIterator[Chunk]) -> AsyncIterator[Chunk]:
-        try:
-            async for chunk in chunks:
-                yield chunk
-        except openai.OpenAIError as error:
-            raise self.translate(error, streaming=True) from None
 
     def redact(self, text: str) -> str:
         if self._api_key:
@@ -278,10 +272,14 @@ class OpenAIProvider:
             await self._session.close()
 
 
-async def _chunks(response: aiohttp.ClientResponse) -> AsyncIterator[Chunk]:
+async def _chunks(
+    response: aiohttp.ClientResponse, translate: Callable[[openai.OpenAIError], Exception]
+) -> AsyncIterator[Chunk]:
     """The chunks of a chat completion's server-sent events, each `data` parsed as JSON, as the SDK's
-    AsyncStream reads them (an `error` in one raises APIError; `[DONE]` ends them), but with one split
-    per network read rather than work per line, and orjson (README, Benchmarks)."""
+    AsyncStream reads them (an `error` in one is an APIError; `[DONE]` ends them), but with one split
+    per network read rather than work per line, and orjson (README, Benchmarks). What goes wrong raises
+    the SDK's exception for it as `translate` makes it (here, not in a generator around this one: each
+    layer costs every chunk)."""
     rest = b""  # the start of a line not ended yet
     data: list[bytes] = []  # the `data` lines of the event being read
     try:
@@ -304,12 +302,13 @@ async def _chunks(response: aiohttp.ClientResponse) -> AsyncIterator[Chunk]:
                 chunk = _json(event)
                 if isinstance(chunk, dict) and chunk.get("error"):
                     request = _named_request(str(response.url))
-                    raise openai.APIError(_stream_error_message(chunk["error"]), request, body=chunk["error"])
+                    error = chunk["error"]
+                    raise translate(openai.APIError(_stream_error_message(error), request, body=error))
                 yield chunk
-    except TimeoutError as error:  # aiohttp's read timeout
-        raise openai.APITimeoutError(request=_named_request(str(response.url))) from error
-    except (aiohttp.ClientError, OSError) as error:
-        raise openai.APIConnectionError(request=_named_request(str(response.url))) from error
+    except TimeoutError:  # aiohttp's read timeout
+        raise translate(openai.APITimeoutError(request=_named_request(str(response.url)))) from None
+    except (aiohttp.ClientError, OSError):
+        raise translate(openai.APIConnectionError(request=_named_request(str(response.url)))) from None
 
 
 async def _drain(response: aiohttp.ClientResponse) -> None:

@@ -9,6 +9,7 @@ result; the turn goes on.
 """
 
 import asyncio
+import functools
 import json
 import logging
 import re
@@ -71,8 +72,9 @@ class Tool:
         """As the page's tool list shows it."""
         return {"name": self.name, "description": self.description}
 
+    @functools.cached_property
     def declaration(self) -> dict[str, Any]:
-        """As an OpenAI request declares it."""
+        """As an OpenAI request declares it (made once: every turn offers it)."""
         function = {"name": self.wire_name, "description": self.description, "parameters": self.parameters}
         return {"type": "function", "function": function}
 
@@ -141,7 +143,7 @@ class ToolBox:
         self._offered = {tool.wire_name: tool for tool in tools}
         if not tools:
             return None
-        return ToolOffer([tool.declaration() for tool in tools], "none" if final else "auto")
+        return ToolOffer([tool.declaration for tool in tools], "none" if final else "auto")
 
     def name_of(self, call: ToolCall) -> str:
         tool = self._offered.get(call.name)
