@@ -79,7 +79,7 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
         # stored (a database that refuses or stalls costs the model the images, not the turn).
         with contextlib.suppress(StorageError, TimeoutError):
             await asyncio.wait_for(asyncio.shield(opened), SAVE_WAIT_SECONDS)
-    checkpoints = asyncio.create_task(checkpoint_reply(state.store, conversation.id, turn))
+    checkpoints = Checkpoints(state.store, conversation.id, turn)
     try:
         await state.coordinator.started(conversation, turn, lease)
         await state.flow.run_async(shared)
@@ -160,11 +160,21 @@ async def fail_turn(
         logger.exception("could not record failed turn %s", turn.id)
 
 
-async def checkpoint_reply(store: Store, conversation_id: str, turn: Turn) -> None:
-    """Save the reply so far every few seconds, so that a crash loses little of it."""
-    saved_seq = 0
-    while True:
-        await asyncio.sleep(CHECKPOINT_SECONDS)
-        if turn.log.seq != saved_seq and turn.reply.status == "streaming" and not turn.fenced:
-            saved_seq = turn.log.seq
-            store.checkpoint(conversation_id, turn.reply_so_far())
+class Checkpoints:
+    """Save the reply so far every few seconds, so that a crash loses little of it. A timer rather
+    than a task: most turns end before the first one, and a task per turn costs the turn's start."""
+
+    def __init__(self, store: Store, conversation_id: str, turn: Turn) -> None:
+        self.store, self.conversation_id, self.turn = store, conversation_id, turn
+        self._saved_seq = 0
+        self._timer = asyncio.get_running_loop().call_later(CHECKPOINT_SECONDS, self._save)
+
+    def _save(self) -> None:
+        turn = self.turn
+        if turn.log.seq != self._saved_seq and turn.reply.status == "streaming" and not turn.fenced:
+            self._saved_seq = turn.log.seq
+            self.store.checkpoint(self.conversation_id, turn.reply_so_far())
+        self._timer = asyncio.get_running_loop().call_later(CHECKPOINT_SECONDS, self._save)
+
+    def cancel(self) -> None:
+        self._timer.cancel()

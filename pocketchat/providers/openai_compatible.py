@@ -305,10 +305,18 @@ async def _chunks(
                     error = chunk["error"]
                     raise translate(openai.APIError(_stream_error_message(error), request, body=error))
                 yield chunk
-    except TimeoutError:  # aiohttp's read timeout
-        raise translate(openai.APITimeoutError(request=_named_request(str(response.url)))) from None
-    except (aiohttp.ClientError, OSError):
-        raise translate(openai.APIConnectionError(request=_named_request(str(response.url)))) from None
+    except TimeoutError as error:  # aiohttp's read timeout
+        timed_out = openai.APITimeoutError(request=_named_request(str(response.url)))
+        raise translate(_caused_by(timed_out, error)) from None
+    except (aiohttp.ClientError, OSError) as error:
+        cut = openai.APIConnectionError(request=_named_request(str(response.url)))
+        raise translate(_caused_by(cut, error)) from None
+
+
+def _caused_by(error: openai.OpenAIError, cause: BaseException) -> openai.OpenAIError:
+    """`error`, raised from `cause`: `translate` reads what went wrong from its cause."""
+    error.__cause__ = cause
+    return error
 
 
 async def _drain(response: aiohttp.ClientResponse) -> None:

@@ -199,12 +199,13 @@ class Client:
             task = asyncio.create_task(self._send_frames_of(follow))
             self._sending_log = (follow, task)
             try:
-                await asyncio.wait({task})
+                await task
+            except asyncio.CancelledError:
+                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
+                    raise  # this loop is stopped, not only the log's sending
             finally:
                 self._sending_log = None
                 task.cancel()
-            if not task.cancelled():
-                task.result()
 
     async def _send_frames_of(self, follow: Follow) -> None:
         async for text in follow.log.follow(follow.after_seq):
