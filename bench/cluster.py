@@ -34,7 +34,7 @@ import redis.asyncio as aioredis
 import uvloop
 import websockets
 
-from bench.load import HIGH_LIMITS, PACE_MS, TOKENS, Run, cpu_seconds, direct, expected, summarize
+from bench.load import HIGH_LIMITS, PACE_MS, TOKENS, Run, cpu_seconds, direct, expected, seqs_of, summarize
 from pocketchat.cluster.produced_log import Copier, ProducedLog
 from pocketchat.cluster.redis_link import RedisLink
 from tests.cluster import TOKEN, Nginx, sign_in, start_replica
@@ -59,7 +59,7 @@ async def follow(
                 if start is not None and first is None:
                     first = time.perf_counter() - start
                 text.append(frame["content"])
-                seqs.append(frame["seq"])
+                seqs.extend(seqs_of(frame))
             elif frame["type"] == "error":
                 errors.append(f"{frame['code']} ({frame.get('message')})")
             elif frame["type"] == "turn_end":

@@ -38,6 +38,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import openai
@@ -94,6 +95,11 @@ class Run:
     @property
     def cpu_us_per_chunk(self) -> float:
         return self.cpu / self.chunks * 1e6 if self.chunks else float("nan")
+
+
+def seqs_of(chunk: dict[str, Any]) -> range:
+    """The seqs a chunk frame carries: its `seq`, or `first_seq` to `seq` (a frame that carries several)."""
+    return range(chunk.get("first_seq", chunk["seq"]), chunk["seq"] + 1)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -219,7 +225,7 @@ async def through_app(app: App, n: int, tokens: int = TOKENS) -> Run:
             if frame["type"] == "chunk":
                 first = first or time.perf_counter() - start
                 text.append(frame["content"])
-                seqs.append(frame["seq"])
+                seqs.extend(seqs_of(frame))
             elif frame["type"] == "error":
                 errors.append(frame["code"])
                 if "turn_id" not in frame:  # the message was refused: no turn, no turn_end

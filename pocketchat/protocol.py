@@ -265,10 +265,15 @@ def path_text(conversation_id: str, history_json: str) -> str:
     return head.removesuffix("[]}") + history_json + "}"
 
 
-def chunk(turn_id: str, seq: int, content: str, reasoning: str | None = None) -> dict[str, Any]:
+def chunk(
+    turn_id: str, seq: int, content: str, reasoning: str | None = None, first_seq: int | None = None
+) -> dict[str, Any]:
+    """Chunk `seq`; with `first_seq`, chunks `first_seq` to `seq` in one frame, their text joined."""
     frame: dict[str, Any] = {"type": "chunk", "turn_id": turn_id, "seq": seq, "content": content}
     if reasoning:
         frame["reasoning"] = reasoning
+    if first_seq is not None and first_seq < seq:
+        frame["first_seq"] = first_seq
     return frame
 
 

@@ -4,7 +4,9 @@ Chunk `seq` k is entry `(k, 0)`; any other frame gets the key `(k, n)`, where k 
 chunks before it and n counts the frames since chunk k: `turn_start` is `(0, 1)`, an `error` after
 chunk 12 is `(12, 1)`, `turn_end` comes last. A socket follows the log *after a seq*: the socket
 that started the turn after 0 (everything), a socket that arrives mid-turn after the seq of the
-snapshot it got in `ready`. Each frame is encoded once, whatever the number of sockets.
+snapshot it got in `ready`. Each frame is encoded once, whatever the number of sockets; a follower
+that finds several chunks waiting (a slow socket, a provider that sent many in one read) gets them
+as one frame covering their seqs (`first_seq` to `seq`), made for it.
 
 `InProcessTurnLog` keeps the log in memory. With replicas, the replica that runs a turn also copies
 each entry to a Redis stream named by the turn id (`pocketchat/cluster/produced_log.py`), whose entry
@@ -54,6 +56,8 @@ class TurnLog(Protocol):
         still this replica's (another one did not take it over while this one was frozen)."""
 
 
+# Chunks one frame may carry when a follower finds several waiting: a bound on the frame's size.
+MAX_JOINED = 256
 STEP_PREFIX = '{"type":"step"'  # how an encoded step frame begins (protocol.encode keeps key order)
 
 
@@ -167,14 +171,35 @@ class InProcessTurnLog:
                 # A produced log dropped entries (its turn was taken over) and ended differently: a
                 # follower that was past the cut goes on from it, so that it gets the new end.
                 cuts, position = self._cuts, min(position, self._cut_at)
-            while position < self._shown():
-                yield self._entries[position]
-                position += 1
+            shown = self._shown()
+            while position < shown:
+                end = self._chunks_from(position, shown)
+                yield self._entries[position] if end == position + 1 else self._joined(position, end)
+                position = end
             if self._closed and position == len(self._entries):
                 return  # closed, and nothing held back any more
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
             await waiter
+
+    def _chunks_from(self, position: int, shown: int) -> int:
+        """Where the run of chunks that begins at entry `position` ends (at most MAX_JOINED of them, all
+        here already); `position + 1` if that entry is not a chunk, or the chunks' text is not decoded
+        (a mirror's: it sends them one by one, as they came)."""
+        end = position + 1
+        if self._keys[position][1] != 0 or self._unread:
+            return end
+        while end < shown and self._keys[end][1] == 0 and end - position < MAX_JOINED:
+            end += 1
+        return end
+
+    def _joined(self, position: int, end: int) -> str:
+        """One frame for the chunks of entries `position` to `end`: a follower that fell behind (a slow
+        socket, a provider that sent many chunks in one read) catches up in one send, not one each."""
+        first, last = self._keys[position][0], self._keys[end - 1][0]
+        content = "".join(self._content[first - 1 : last])
+        reasoning = "".join(self._reasoning[first - 1 : last])
+        return protocol.encode(protocol.chunk(self.turn_id, last, content, reasoning or None, first_seq=first))
 
     def close(self) -> None:
         self._closed = True

@@ -141,7 +141,8 @@ const handlers = {
   chunk(frame) {
     const running = state.running;
     if (!running || running.turnId !== frame.turn_id || frame.seq <= running.seq) return; // already have it
-    if (frame.seq !== running.seq + 1) {
+    // A frame may carry several chunks, first_seq to seq, their text joined (a socket that fell behind).
+    if ((frame.first_seq ?? frame.seq) !== running.seq + 1) {
       connection.send(helloFrame()); // a gap cannot happen on one socket; resync from the server if it does
       return;
     }

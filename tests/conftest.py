@@ -195,6 +195,11 @@ def reply_text(frames: list[dict[str, Any]]) -> str:
     return "".join(f["content"] for f in frames if f["type"] == "chunk")
 
 
+def chunk_seqs(frames: list[dict[str, Any]]) -> list[int]:
+    """The seqs the chunk frames carry, in order: a frame may carry several, `first_seq` to `seq`."""
+    return [seq for f in frames if f["type"] == "chunk" for seq in range(f.get("first_seq", f["seq"]), f["seq"] + 1)]
+
+
 @pytest.fixture(scope="session")
 def fake_server() -> Iterator[FakeOpenAI]:
     with FakeOpenAIThread() as fake:

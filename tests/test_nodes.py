@@ -13,6 +13,7 @@ from pocketchat.settings import Settings
 from pocketchat.state import AppState
 from pocketchat.store.sqlite import SqliteStore
 from pocketchat.turns import new_shared, run_turn
+from tests.conftest import chunk_seqs, reply_text
 from tests.fake_openai import FakeOpenAI, Reply
 from utils.prompt import build_prompt, estimate_tokens
 
@@ -40,7 +41,7 @@ def test_the_flow_streams_into_the_channel_and_records_the_turn(fake, tmp_path):
     fake.queue(Reply(tokens=["Hi", "!"]))
     conversation, turn, frames, stored = asyncio.run(run_one_turn(fake, tmp_path / "c.db", "hello"))
     assert frames[0]["type"] == "turn_start"
-    assert [(f["seq"], f["content"]) for f in frames if f["type"] == "chunk"] == [(1, "Hi"), (2, "!")]
+    assert chunk_seqs(frames) == [1, 2] and reply_text(frames) == "Hi!"
     assert turn.reply.content == "Hi!" and turn.reply.status == "complete"
     assert [m.content for m in conversation.history] == ["hello", "Hi!"]
     _, messages = stored

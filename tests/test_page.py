@@ -353,6 +353,31 @@ def test_a_provider_error_shows_in_place_with_a_retry_that_works(page: Page, fak
     wait_done(page)
 
 
+def test_a_reply_whose_chunks_come_joined_streams_in_whole_without_a_resync(pages: PageUnderTest, fake: FakeOpenAI):
+    # A provider that sends the whole reply at once: the socket gets frames carrying several chunks
+    # (first_seq to seq). The page adds each once and follows on, with no hello to resync from what
+    # would look like a gap.
+    sent: list[str] = []
+    received: list[str] = []
+    page = pages.context.new_page()
+    page.on("pageerror", lambda error: pages.errors.append(str(error)))
+    page.on(
+        "websocket",
+        lambda ws: (
+            ws.on("framesent", lambda text: sent.append(str(text))),
+            ws.on("framereceived", lambda text: received.append(str(text))),
+        ),
+    )
+    page.goto("/")
+    expect(page.locator("#send")).to_be_enabled()
+    fake.queue(Reply(count=300))
+    send(page, "all at once")
+    wait_done(page)
+    expect(replies(page).last.locator(".body")).to_have_text(" ".join(f"tok{i}" for i in range(1, 301)))
+    assert any('"first_seq"' in frame for frame in received)
+    assert sum('"type":"hello"' in frame.replace(" ", "") for frame in sent) == 1
+
+
 def test_reasoning_streams_collapsed_above_the_reply_and_stays(page: Page, fake: FakeOpenAI):
     fake.queue(Reply(reasoning=["Let me ", "think."], tokens=["Answer."]))
     send(page, "why?")

@@ -12,7 +12,7 @@ import pytest
 from websockets.exceptions import ConnectionClosedError, InvalidStatus
 from websockets.sync.client import connect
 
-from tests.conftest import API_KEY, MODES, reply_text
+from tests.conftest import API_KEY, MODES, chunk_seqs, reply_text
 from tests.fake_openai import Reply
 
 # Every rule holds in both modes: one process on SQLite, and a replica on PostgreSQL and Redis.
@@ -42,8 +42,7 @@ def test_a_turn_streams_ordered_chunks_and_ends_with_stats(app, fake):
     frames = client.turn("hi")
     assert frames[0]["type"] == "turn_start"
     assert frames[0]["message"]["role"] == "user" and frames[0]["message"]["content"] == "hi"
-    chunks = [f for f in frames if f["type"] == "chunk"]
-    assert [c["seq"] for c in chunks] == [1, 2, 3]
+    assert chunk_seqs(frames) == [1, 2, 3]
     assert reply_text(frames) == "Hello there"
     end = frames[-1]
     assert end["status"] == "complete" and end["turn_id"] == frames[0]["turn_id"]
@@ -327,7 +326,7 @@ def test_a_retry_that_succeeds_sends_every_chunk_once(app, fake):
     client.hello()
     frames = client.turn("hi")
     assert frames[-1]["status"] == "complete"
-    assert [f["seq"] for f in frames if f["type"] == "chunk"] == [1, 2, 3, 4]
+    assert chunk_seqs(frames) == [1, 2, 3, 4]
     assert len(fake.chat_requests) == 2
 
 
@@ -577,13 +576,26 @@ def test_regenerate_and_edit_refuse_what_they_cannot_do(app, fake):
     assert [f["code"] for f in client.until("turn_end") if f["type"] == "error"] == ["turn_in_progress"]
 
 
+def test_chunks_that_arrive_together_reach_the_socket_in_fewer_frames_covering_each_seq_once(app, fake):
+    # Unpaced, the fake's 300 chunks come in a few network reads: what one read brought goes to the
+    # socket as frames that carry several chunks (first_seq to seq), their text joined.
+    fake.queue(Reply(count=300))
+    client = app.client()
+    session = client.hello()["conversation_id"]
+    frames = client.turn("many")
+    chunks = [f for f in frames if f["type"] == "chunk"]
+    assert chunk_seqs(frames) == list(range(1, 301))  # every seq once, in order
+    assert reply_text(frames) == "".join(f"tok{i} " for i in range(1, 301))
+    assert len(chunks) < 300 and all(f["first_seq"] < f["seq"] for f in chunks if "first_seq" in f)
+    assert app.client().hello(session)["history"][1]["content"] == reply_text(frames)
+
+
 def test_reasoning_streams_in_chunks_and_stays_in_the_history(app, fake):
     fake.queue(Reply(reasoning=["Let me ", "think."], tokens=["Done."]))
     client = app.client()
     session = client.hello()["conversation_id"]
     frames = client.turn("why?")
-    reasoning = [f["reasoning"] for f in frames if f["type"] == "chunk" and "reasoning" in f]
-    assert reasoning == ["Let me ", "think."]
+    assert "".join(f.get("reasoning", "") for f in frames if f["type"] == "chunk") == "Let me think."
     assert reply_text(frames) == "Done."
     reply = app.client().hello(session)["history"][1]
     assert (reply["reasoning"], reply["content"]) == ("Let me think.", "Done.")

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import API_KEY, MODES, ROOT, AppProcess, ChatClient, reply_text
+from tests.conftest import API_KEY, MODES, ROOT, AppProcess, ChatClient, chunk_seqs, reply_text
 from tests.fake_openai import Call, FakeOpenAI, Reply
 from tests.services import free_port
 from tests.test_cluster import another_replica, shared  # noqa: F401 (fixtures)
@@ -473,7 +473,7 @@ def test_a_step_retried_after_the_tools_shows_no_chunk_and_no_step_twice(app, fa
     client = app.client()
     client.hello()
     frames = client.turn("sum")
-    assert [f["seq"] for f in frames if f["type"] == "chunk"] == [1, 2, 3, 4]
+    assert chunk_seqs(frames) == [1, 2, 3, 4]
     assert reply_text(frames) == "First, a sum. It is 2." and frames[-1]["status"] == "complete"
     assert [s["kind"] for s in steps(frames)] == ["tool_call", "tool_result"]
     assert len(fake.chat_requests) == 3

@@ -3,7 +3,8 @@
 import asyncio
 import json
 
-from pocketchat.turn_log import InProcessTurnLog
+from pocketchat import protocol
+from pocketchat.turn_log import MAX_JOINED, InProcessTurnLog
 
 
 def test_following_after_a_seq_gives_exactly_what_came_after_that_chunk():
@@ -15,14 +16,54 @@ def test_following_after_a_seq_gives_exactly_what_came_after_that_chunk():
         log.append_chunk("c")
         log.append({"type": "turn_end"})
         log.close()
-        return [
-            [json.loads(t)["type"] + str(json.loads(t).get("seq", "")) async for t in log.follow(n)] for n in (0, 2, 3)
-        ]
+        return [[label(text) async for text in log.follow(n)] for n in (0, 1, 2, 3)]
 
-    everything, after_two, after_three = asyncio.run(scenario())
-    assert everything == ["turn_start", "chunk1", "chunk2", "conversation", "chunk3", "turn_end"]
+    everything, after_one, after_two, after_three = asyncio.run(scenario())
+    # Chunks 1 and 2, both waiting, go in one frame.
+    assert everything == ["turn_start", "chunk1-2", "conversation", "chunk3", "turn_end"]
+    assert after_one == ["chunk2", "conversation", "chunk3", "turn_end"]
     assert after_two == ["conversation", "chunk3", "turn_end"]
     assert after_three == ["turn_end"]
+
+
+def label(text: str) -> str:
+    """A frame's type and the seqs it carries: `chunk4`, or `chunk1-3` for a frame that carries several."""
+    frame = json.loads(text)
+    seqs = f"{frame['first_seq']}-{frame['seq']}" if "first_seq" in frame else str(frame.get("seq", ""))
+    return frame["type"] + seqs
+
+
+def test_a_follower_finding_chunks_waiting_gets_them_in_one_frame_up_to_a_bound_and_never_across_a_step():
+    async def scenario():
+        log = InProcessTurnLog("t3")
+        for i in range(MAX_JOINED + 3):
+            log.append_chunk(f"c{i} ", "why" if i == 1 else None)
+        log.append_step("N", "status", "thinking")
+        log.append_chunk("end")
+        log.close()
+        return [json.loads(text) async for text in log.follow(0)]
+
+    frames = asyncio.run(scenario())
+    last = MAX_JOINED + 3
+    assert [label(protocol.encode(frame)) for frame in frames] == [
+        f"chunk1-{MAX_JOINED}",
+        f"chunk{MAX_JOINED + 1}-{last}",
+        "step",
+        f"chunk{last + 1}",
+    ]
+    assert "".join(f.get("content", "") for f in frames) == "".join(f"c{i} " for i in range(last)) + "end"
+    assert frames[0]["reasoning"] == "why" and "reasoning" not in frames[1]
+
+
+def test_a_mirror_sends_chunks_one_by_one_as_they_came():
+    async def scenario():
+        mirror = InProcessTurnLog("t4")
+        for seq in (1, 2, 3):
+            mirror.add_entry((seq, 0), protocol.encode(protocol.chunk("t4", seq, str(seq))))
+        mirror.close()
+        return [label(text) async for text in mirror.follow(0)]
+
+    assert asyncio.run(scenario()) == ["chunk1", "chunk2", "chunk3"]
 
 
 def test_a_follower_waits_for_new_entries_until_the_log_closes():
