@@ -195,6 +195,13 @@ def reply_text(frames: list[dict[str, Any]]) -> str:
     return "".join(f["content"] for f in frames if f["type"] == "chunk")
 
 
+def stream_of(frames: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[int], str, str]:
+    """What a socket was shown of a turn, however its chunks were grouped into frames: its other frames,
+    and its chunks' seqs, text and reasoning."""
+    reasoning = "".join(f.get("reasoning", "") for f in frames if f["type"] == "chunk")
+    return [f for f in frames if f["type"] != "chunk"], chunk_seqs(frames), reply_text(frames), reasoning
+
+
 def chunk_seqs(frames: list[dict[str, Any]]) -> list[int]:
     """The seqs the chunk frames carry, in order: a frame may carry several, `first_seq` to `seq`."""
     return [seq for f in frames if f["type"] == "chunk" for seq in range(f.get("first_seq", f["seq"]), f["seq"] + 1)]
