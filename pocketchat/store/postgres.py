@@ -142,7 +142,7 @@ class PostgresStore(
     def failure(self) -> str | None:
         """Why writes fail now: the last batch was refused, the server did not answer the last probe, or
         the write in flight has waited for it over STALL_SECONDS (a stall, a lock held by a frozen replica)."""
-        if self.waiting_since is not None and (waited := time.monotonic() - self.waiting_since) > STALL_SECONDS:
+        if (waited := self.stalled_for()) > STALL_SECONDS:
             return f"the database has not answered for {waited:.0f} s"
         return super().failure
 

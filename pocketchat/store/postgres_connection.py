@@ -3,6 +3,7 @@ lost, probed while idle so that /healthz sees a server that stops answering, bou
 session may cost the others; and which refusals may pass."""
 
 import logging
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -146,6 +147,7 @@ class WriteConnection(Database):
                 for index, job in enumerate(jobs):
                     running = index
                     results.append(await job.work(db))
+                    self.answered_at = time.monotonic()
                 running = None
         except Exception as error:
             if running is not None:

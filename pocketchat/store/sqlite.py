@@ -112,6 +112,7 @@ class _WriteConnection(Database):
                 for index, job in enumerate(jobs):
                     running = index
                     results.append(job.work(db))
+                    self.answered_at = time.monotonic()  # read by the event loop: a float, set whole
                 running = None
                 db.commit()
             except BaseException as error:

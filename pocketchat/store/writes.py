@@ -73,6 +73,9 @@ class Database:
     writer task, so a database needs no lock of its own."""
 
     idle_seconds: float | None = None  # with nothing to write for this long, the queue calls `idle()`
+    # When the last job of a group was answered (monotonic): `together` marks each, so that a long group
+    # that keeps landing (a burst's, on a busy machine) is not taken for a database that does not answer.
+    answered_at = 0.0
 
     def may_pass(self, error: BaseException) -> bool:
         """Whether `error` is the database refusing for now (full, locked, read-only, out of reach) rather
@@ -144,8 +147,11 @@ class WriteQueue(Generic[D]):
         return any(job.conversation_id == conversation_id for job in self._unwritten)
 
     def stalled_for(self) -> float:
-        """How long the writes in flight have waited for the database (0: none are in flight)."""
-        return 0.0 if self.waiting_since is None else time.monotonic() - self.waiting_since
+        """How long the writes in flight have waited for the database's last answer (0: none are in
+        flight): since the group began, or since its last job landed."""
+        if self.waiting_since is None:
+            return 0.0
+        return time.monotonic() - max(self.waiting_since, self._database.answered_at)
 
     def _queue(self, job: Job) -> None:
         self._jobs.put_nowait(job)
