@@ -171,16 +171,23 @@ class InProcessTurnLog:
                 # A produced log dropped entries (its turn was taken over) and ended differently: a
                 # follower that was past the cut goes on from it, so that it gets the new end.
                 cuts, position = self._cuts, min(position, self._cut_at)
-            shown = self._shown()
-            while position < shown:
+            # Read again after each frame: while it was being sent, the log may have grown, or been cut.
+            while cuts == self._cuts and position < (shown := self._shown()):
                 end = self._chunks_from(position, shown)
                 yield self._entries[position] if end == position + 1 else self._joined(position, end)
                 position = end
+            if cuts != self._cuts:
+                continue
             if self._closed and position == len(self._entries):
                 return  # closed, and nothing held back any more
             waiter = asyncio.get_running_loop().create_future()
             self._waiters.append(waiter)
-            await waiter
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter in self._waiters:  # a follower that left: not kept until the next entry
+                    self._waiters.remove(waiter)
+                raise
 
     def _chunks_from(self, position: int, shown: int) -> int:
         """Where the run of chunks that begins at entry `position` ends (at most MAX_JOINED of them, all

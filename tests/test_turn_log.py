@@ -113,3 +113,60 @@ def test_steps_are_ordered_with_the_chunks_snapshotted_and_mirrored():
 def _closed(log):
     log.close()
     return log
+
+
+def test_a_cut_while_a_follower_sends_goes_on_from_the_cut_and_sends_the_new_end_once():
+    # A produced log whose turn was taken over drops its entries after the copied ones and ends as the
+    # taker ended it, while a follower is sending a frame: the follower goes on from the cut.
+    async def scenario():
+        log = InProcessTurnLog("t5")
+        log.append({"type": "turn_start"})
+        for text in "abcde":
+            log.append_chunk(text)
+        log.append_step("N", "status", "one")
+        log.append_step("N", "status", "two")
+        seen = []
+        async for text in log.follow(0):
+            seen.append(label(text))
+            if seen[-1] == "chunk1-5":
+                log._cut(3)  # turn_start, chunks 1 and 2 were copied; the rest is dropped
+                log.append({"type": "error"})
+                log.append({"type": "turn_end"})
+                log.close()
+        return seen
+
+    async def past_the_cut():
+        log = InProcessTurnLog("t6")
+        log.append({"type": "turn_start"})
+        seen = []
+        async for text in log.follow(0):
+            seen.append(label(text))
+            if len(seen) < 4:
+                log.append_chunk("x")  # one at a time: this follower sends chunks 1 to 3 alone
+            elif len(seen) == 4:
+                log._cut(3)  # chunk 3 was not copied: this follower is past the cut
+                log.append({"type": "error"})
+                log.append({"type": "turn_end"})
+                log.close()
+        return seen
+
+    assert asyncio.run(scenario()) == ["turn_start", "chunk1-5", "error", "turn_end"]
+    assert asyncio.run(past_the_cut()) == ["turn_start", "chunk1", "chunk2", "chunk3", "error", "turn_end"]
+
+
+def test_a_follower_that_leaves_while_it_waits_is_not_kept():
+    async def scenario():
+        log = InProcessTurnLog("t7")
+
+        async def follow():
+            async for _ in log.follow(0):
+                pass
+
+        follower = asyncio.create_task(follow())
+        await asyncio.sleep(0)
+        waiting = len(log._waiters)
+        follower.cancel()  # its socket left the conversation
+        await asyncio.gather(follower, return_exceptions=True)
+        return waiting, len(log._waiters)
+
+    assert asyncio.run(scenario()) == (1, 0)
