@@ -34,11 +34,11 @@ import redis.asyncio as aioredis
 import uvloop
 import websockets
 
-from bench.load import HIGH_LIMITS, PACE_MS, TOKENS, Run, cpu_seconds, direct, expected, seqs_of, summarize
+from bench.load import HIGH_LIMITS, PACE_MS, TOKENS, Run, cpu_seconds, direct, expected, summarize
 from pocketchat.cluster.produced_log import Copier, ProducedLog
 from pocketchat.cluster.redis_link import RedisLink
 from tests.cluster import TOKEN, Nginx, sign_in, start_replica
-from tests.conftest import ROOT, AppProcess
+from tests.conftest import ROOT, AppProcess, seqs_of
 from tests.services import REDIS_URL, free_port, fresh_database, fresh_redis_prefix
 
 SETUP_SECONDS = 30  # a hello unanswered this long stops the benchmark, saying where

@@ -38,7 +38,6 @@ import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 import openai
@@ -48,7 +47,7 @@ import websockets
 
 from pocketchat.providers.openai_compatible import OpenAIProvider
 from tests.cluster import TOKEN, sign_in
-from tests.conftest import AppProcess, free_port
+from tests.conftest import AppProcess, free_port, seqs_of
 
 ROOT = Path(__file__).resolve().parent.parent
 TOKENS = 100
@@ -95,11 +94,6 @@ class Run:
     @property
     def cpu_us_per_chunk(self) -> float:
         return self.cpu / self.chunks * 1e6 if self.chunks else float("nan")
-
-
-def seqs_of(chunk: dict[str, Any]) -> range:
-    """The seqs a chunk frame carries: its `seq`, or `first_seq` to `seq` (a frame that carries several)."""
-    return range(chunk.get("first_seq", chunk["seq"]), chunk["seq"] + 1)
 
 
 def cpu_seconds(pids: list[int]) -> float:

@@ -203,8 +203,13 @@ def stream_of(frames: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[
 
 
 def chunk_seqs(frames: list[dict[str, Any]]) -> list[int]:
-    """The seqs the chunk frames carry, in order: a frame may carry several, `first_seq` to `seq`."""
-    return [seq for f in frames if f["type"] == "chunk" for seq in range(f.get("first_seq", f["seq"]), f["seq"] + 1)]
+    """The seqs the chunk frames carry, in order."""
+    return [seq for f in frames if f["type"] == "chunk" for seq in seqs_of(f)]
+
+
+def seqs_of(chunk: dict[str, Any]) -> range:
+    """The seqs a chunk frame carries: its `seq`, or `first_seq` to `seq` (a frame that carries several)."""
+    return range(chunk.get("first_seq", chunk["seq"]), chunk["seq"] + 1)
 
 
 @pytest.fixture(scope="session")
