@@ -67,6 +67,8 @@ class RetrievalRequest:
     owner: str
     question: str
     budget: int  # tokens of the context budget the passages may take
+    known_empty: bool  # the conversation is known to have no document ready: nothing to read
+    told_before: int  # the conversation's document frames seen before the read (see `post_async`)
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Found:
     passages: list[Passage]
     failure: str | None = None  # why the documents could not be searched
     seconds: float | None = None  # how long the search took, when there were documents to search
+    none_ready: bool = False  # the documents were read and none was ready
 
 
 PASSAGES = 5  # passages a reply gets, when its documents are too big to be given whole
@@ -83,7 +86,8 @@ WHOLE_SHARE = 2  # documents are given whole when they take at most 1/2 of the c
 class RetrieveDocuments(AsyncNode):
     """When the conversation has documents, find the passages that best answer the user's message (or
     take a small document whole), put them in `shared["context"]` for BuildPrompt, and show them as a
-    `sources` step. A conversation without documents costs one small read: no model is loaded."""
+    `sources` step. A conversation without documents costs one small read, no model loaded; and none
+    once it is known to have none (`Conversation.knows_no_documents`)."""
 
     async def prep_async(self, shared: dict[str, Any]) -> RetrievalRequest:
         conversation: Conversation = shared["conversation"]
@@ -96,14 +100,18 @@ class RetrieveDocuments(AsyncNode):
             conversation.record.owner,
             shared["turn"].user_message.content,
             shared["settings"].context_budget // WHOLE_SHARE,
+            conversation.knows_no_documents(),
+            conversation.documents_told,
         )
 
     async def exec_async(self, request: RetrievalRequest) -> Found:
+        if request.known_empty:
+            return Found([])
         started = time.perf_counter()
         documents = await request.store.list_documents(request.conversation_id, request.owner)
         ready = [document for document in documents if document.status == "ready"]
         if not ready:
-            return Found([])
+            return Found([], none_ready=True)
         if sum(document.chunks for document in ready) * PASSAGE_TOKENS <= request.budget:
             # Small enough to be read whole, in order: nothing to embed or search.
             whole = await request.vectors.all_ids([document.id for document in ready])
@@ -120,6 +128,9 @@ class RetrieveDocuments(AsyncNode):
         return Found([], f"The documents could not be searched ({exc}).")
 
     async def post_async(self, shared: dict[str, Any], request: RetrievalRequest, found: Found) -> None:
+        if found.none_ready:
+            # Unless a document frame came during the read: it may have missed that document.
+            shared["conversation"].found_no_documents(request.told_before)
         if found.seconds is not None:
             shared["documents"].metrics.retrieval.observe(found.seconds)
         if found.failure:

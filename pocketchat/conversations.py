@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 UNKNOWN = "No conversation has that id; it may have been deleted."
 UNSTORED_KEEP_SECONDS = 600.0
 MAX_UNSTORED = 10_000  # new conversations kept without a socket; the oldest are let go first
+DOCUMENTS_RECHECK_SECONDS = 30.0  # see Conversation.knows_no_documents
 
 
 class Subscriber(Protocol):
@@ -113,10 +114,31 @@ class Conversation:
         self.borrowers = 0  # HTTP requests using it now
         self.deleting = False  # a DELETE is under way: no new turn, no new socket
         self._encoded_history: tuple[list[tuple[Any, ...]], int, str] | None = None  # see `history_json`
+        # When this process last knew the conversation to have no document ready, so that a turn
+        # need not read its documents (README, Benchmarks): one not stored yet has none (an upload
+        # stores it first). Any document frame, this replica's or another's, undoes it; and it is
+        # trusted for DOCUMENTS_RECHECK_SECONDS only, in case another replica's frame was lost.
+        self._without_documents_at = None if stored else time.monotonic()
+        self.documents_told = 0  # document frames seen: a look begun before one tells nothing
 
     @property
     def id(self) -> str:
         return self.record.id
+
+    def knows_no_documents(self) -> bool:
+        """Whether a turn may skip reading the documents: none was ready a moment ago."""
+        known = self._without_documents_at
+        return known is not None and time.monotonic() - known < DOCUMENTS_RECHECK_SECONDS
+
+    def found_no_documents(self, told_before: int) -> None:
+        """A turn read the documents and none was ready; `told_before`: `documents_told` before the read."""
+        if told_before == self.documents_told:
+            self._without_documents_at = time.monotonic()
+
+    def documents_changed(self) -> None:
+        """A document of the conversation was added, indexed, failed or removed."""
+        self.documents_told += 1
+        self._without_documents_at = None
 
     def ready_frame(self, provider: dict[str, Any]) -> tuple[str, TurnLog | None, int]:
         """The `ready` frame, encoded, and the log and seq to follow after, so that nothing is lost or

@@ -83,6 +83,7 @@ class AppState:
     def tell_documents(self, conversation_id: str, frame: dict[str, Any]) -> None:
         """A `document` frame, to the conversation's sockets here and on every other replica."""
         if (conversation := self.hub.live(conversation_id)) is not None:
+            conversation.documents_changed()
             conversation.broadcast(frame)
         self.coordinator.documents_changed(conversation_id, frame)
 

@@ -8,7 +8,7 @@ from flow import FLOWS
 from pocketchat.conversations import Conversation
 from pocketchat.providers import UnavailableProvider
 from pocketchat.providers.openai_compatible import OpenAIProvider
-from pocketchat.records import ConversationRecord, Message
+from pocketchat.records import ConversationRecord, DocumentRecord, Message
 from pocketchat.settings import Settings
 from pocketchat.state import AppState
 from pocketchat.store.sqlite import SqliteStore
@@ -136,3 +136,44 @@ def test_a_bug_is_not_retried_and_the_turn_ends_as_an_internal_error(tmp_path, c
     assert frames[-2]["code"] == "internal" and frames[-1]["status"] == "error"
     assert [(m.role, m.status) for m in messages] == [("user", "complete"), ("assistant", "error")]
     assert "ZeroDivisionError: a bug" in caplog.text
+
+
+class CountingStore(SqliteStore):
+    """The SQLite store, counting its reads of a conversation's documents."""
+
+    document_reads = 0
+
+    async def list_documents(self, conversation_id: str, owner: str) -> list[DocumentRecord]:
+        self.document_reads += 1
+        return await super().list_documents(conversation_id, owner)
+
+
+async def document_reads_per_turn(fake: FakeOpenAI, db: Path, stored: bool) -> list[int]:
+    """The documents reads of three turns of one conversation without documents, the third told of
+    a document change (an upload, say) just before it."""
+    store = CountingStore(db)
+    await store.open()
+    provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
+    state = AppState(Settings(), store, provider)
+    record = ConversationRecord(model="fake-model", system_prompt="Be brief.")
+    await store.create_conversation(record)
+    conversation = Conversation(record, [], stored=stored)
+    reads = []
+    for told in (False, False, True):
+        if told:
+            conversation.documents_changed()
+        fake.queue(Reply(tokens=["ok"]))
+        turn = conversation.begin_message("hello")
+        await store.open_turn(record.id, None, [turn.user_message, turn.reply])
+        await FLOWS["chat"](state.settings).run_async(new_shared(state, conversation, turn))
+        conversation.end(turn)
+        reads.append(store.document_reads)
+    await provider.aclose()
+    await store.close()
+    return reads
+
+
+def test_a_conversation_known_to_have_no_documents_skips_reading_them_until_told_of_one(fake, tmp_path):
+    assert asyncio.run(document_reads_per_turn(fake, tmp_path / "stored.db", stored=True)) == [1, 1, 2]
+    # A new conversation, not stored yet, has none: not even its first turn reads them.
+    assert asyncio.run(document_reads_per_turn(fake, tmp_path / "new.db", stored=False)) == [0, 0, 1]

@@ -339,6 +339,7 @@ class Replicas:
                     setattr(live.record, name, event[name])
             live.broadcast(protocol.conversation(live.record))
         elif kind == "document" and live is not None:
+            live.documents_changed()
             live.broadcast(event["frame"])
         elif kind == "switched" and live is not None and live.turn is None:
             # (A turn that started meanwhile shows its own path: the switch came too late for it.)
