@@ -225,19 +225,31 @@ async def stream_llm(
     if stop.is_set():
         result.stopped = True
         return result
-    reading = asyncio.create_task(consume())
-    stopping = asyncio.create_task(stop.wait())
+    # The read runs in this task, at once (a task of its own would start a turn of the event loop
+    # later: under a burst of turns, each such hop delays the first chunk). A stop cancels this task,
+    # as asyncio.timeout does: a cancellation from elsewhere still propagates.
+    task = asyncio.current_task()
+    assert task is not None
+    reading, stopped_it = True, False
+
+    def cancel_read(stopping: asyncio.Future[object]) -> None:
+        nonlocal stopped_it
+        if reading and not stopping.cancelled():
+            stopped_it = True
+            task.cancel()
+
+    stopping = asyncio.ensure_future(stop.wait())
+    stopping.add_done_callback(cancel_read)
     try:
-        await asyncio.wait({reading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        await consume()  # leaving open_stream's block, as a stop does, closes the HTTP response
+    except asyncio.CancelledError:
+        if not stopped_it or task.uncancel() > 0:
+            raise
+        result.stopped = True
+        return result
     finally:
+        reading = False
         stopping.cancel()
-        if not reading.done():
-            # Cancelling the read leaves open_stream's block, which closes the HTTP response.
-            reading.cancel()
-            result.stopped = True
-            await asyncio.gather(reading, return_exceptions=True)
-    if not result.stopped:
-        reading.result()  # re-raises the provider's failure
-        if result.finish_reason is None:
-            raise ProviderError("The provider's stream ended before the reply was finished.", kind="stream_cut")
+    if result.finish_reason is None:
+        raise ProviderError("The provider's stream ended before the reply was finished.", kind="stream_cut")
     return result
