@@ -19,6 +19,7 @@ from tests.cluster import TOKEN, Nginx, post, sign_in, start_replica
 from tests.conftest import NO_LIMITS, AppProcess, ChatClient, chunk_seqs, reply_text, stream_of
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.services import PrivateRedis
+from tests.test_documents import sources_of, system_prompt, upload, wait_indexed
 from tests.test_protocol import wait_for
 
 
@@ -238,6 +239,21 @@ def test_a_rename_a_model_change_and_a_delete_on_one_replica_reach_the_sockets_o
         assert socket.until("deleted")[-1]["conversation_id"] == session
     on_b.send("hello", conversation_id=session)
     assert on_b.recv()["code"] == "unknown_conversation"
+
+
+def test_a_document_added_through_one_replica_is_read_by_the_next_turn_on_the_other(replicas, cookie, fake):
+    # B's turns skip reading the documents of a conversation they know to have none; A's document
+    # frames, through Redis, must undo that.
+    on_b = client(replicas[1].ws_url, cookie)
+    conversation_id = on_b.hello()["conversation_id"]
+    assert sources_of(on_b.turn("Before any document")) == []
+    text = "Alpha station opens at dawn.\n\nBeta station closes at dusk."
+    assert upload(replicas[0], conversation_id, "stations.txt", text.encode(), Cookie=cookie)[0] == 201
+    wait_indexed(replicas[0], conversation_id, Cookie=cookie)
+    on_b.until("document")  # B's socket heard of it through Redis
+    frames = on_b.turn("Anything about trains?")
+    assert [source["source"] for source in sources_of(frames)] == ["stations.txt"]
+    assert "Alpha station opens at dawn." in system_prompt(fake)
 
 
 # 5. A replica that dies mid-turn is noticed
