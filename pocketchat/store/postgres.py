@@ -93,6 +93,12 @@ async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecor
     )
 
 
+async def _nothing_to_reset(connection: asyncpg.Connection) -> None:
+    """A read connection's release: asyncpg's default resets the session (a round trip each read: under
+    a burst, each waits its turn of a busy event loop); reads change nothing a session keeps (no SET,
+    LISTEN or lock), and asyncpg still rolls back a transaction left open."""
+
+
 class PostgresStore(
     PostgresShares, PostgresAttachments, PostgresSearch, PostgresTransfer, QueuedStore[WriteConnection]
 ):
@@ -122,6 +128,7 @@ class PostgresStore(
                 timeout=CONNECT_TIMEOUT,
                 command_timeout=COMMAND_TIMEOUT,
                 server_settings={"application_name": "pocketchat-reader", **SESSION_BOUNDS},
+                reset=_nothing_to_reset,
             )
         except BaseException:
             connection.terminate()
