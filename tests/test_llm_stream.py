@@ -2,6 +2,9 @@
 closes the upstream; a cancellation from elsewhere (a shutdown, a takeover) is not taken for a stop."""
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
@@ -66,3 +69,47 @@ def test_a_cancellation_from_elsewhere_is_not_taken_for_a_stop(fake, also_stop):
     outcome = asyncio.run(cancel_while_reading(fake, also_stop))
     assert isinstance(outcome, asyncio.CancelledError), outcome
     wait_for(lambda: fake.hangups == 1, timeout=2)
+
+
+def test_a_stop_is_a_stop_even_after_an_earlier_cancellation_of_the_task_was_swallowed(fake):
+    async def swallow_then_read() -> tuple[StreamResult, list[str]]:
+        asyncio.current_task().cancel()  # someone else's cancellation, caught and never uncancelled
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(0)
+        return await read_until_stopped(fake)
+
+    result, pieces = asyncio.run(swallow_then_read())
+    assert result.stopped and pieces == ["tok1 ", "tok2 ", "tok3 "]
+
+
+class QuietlyCancelledProvider:
+    """A provider whose stream ends without raising when cancelled (some wrap their reads that way)."""
+
+    @contextlib.asynccontextmanager
+    async def open_stream(self, messages, model, max_tokens, on_queued=None, **offer) -> AsyncIterator[Any]:
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
+            try:
+                for i in range(1, 51):
+                    yield {"choices": [{"delta": {"content": f"tok{i} "}, "finish_reason": None}]}
+                    await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                return
+
+        yield chunks()
+
+
+def test_a_stop_whose_cancellation_the_provider_swallows_still_stops_and_leaves_no_cancellation_pending():
+    async def read() -> tuple[StreamResult, int]:
+        stop, pieces = asyncio.Event(), []
+
+        def on_chunk(content: str, reasoning: str | None) -> None:
+            pieces.append(content)
+            if len(pieces) == 2:
+                stop.set()
+
+        result = await stream_llm(QuietlyCancelledProvider(), MESSAGES, "m", None, on_chunk, stop)
+        await asyncio.sleep(0.05)  # the turn goes on: no cancellation of the stop's is left to hit it
+        return result, asyncio.current_task().cancelling()
+
+    result, cancelling = asyncio.run(read())
+    assert result.stopped and cancelling == 0

@@ -231,6 +231,7 @@ async def stream_llm(
     task = asyncio.current_task()
     assert task is not None
     reading, stopped_it = True, False
+    cancelling = task.cancelling()  # cancellations asked of the task before: never taken for a stop
 
     def cancel_read(stopping: asyncio.Future[object]) -> None:
         nonlocal stopped_it
@@ -243,13 +244,17 @@ async def stream_llm(
     try:
         await consume()  # leaving open_stream's block, as a stop does, closes the HTTP response
     except asyncio.CancelledError:
-        if not stopped_it or task.uncancel() > 0:
+        if not stopped_it or task.uncancel() > cancelling:
             raise
         result.stopped = True
         return result
     finally:
         reading = False
         stopping.cancel()
+    if stopped_it:  # the provider's stream took the stop's cancellation and ended without raising it
+        task.uncancel()
+        result.stopped = True
+        return result
     if result.finish_reason is None:
         raise ProviderError("The provider's stream ended before the reply was finished.", kind="stream_cut")
     return result
