@@ -481,6 +481,10 @@ class Hub:
                 loaded = record, []  # its first turn may have started there, its rows not landed yet
             record, history = loaded
             conversation = Conversation(record, history, stored=stored, new_log=self._new_log)
+            if not stored:
+                # Made on another replica, which may have taken an upload while this one loaded it:
+                # frames this replica could not take then. Its first turn here reads its documents.
+                conversation.documents_changed()
             # Its turn may run on another replica, or have ended there since the store was read.
             await self.coordinator.adopt(conversation)
             running = conversation.turn.reply if conversation.turn is not None else None

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from flow import FLOWS
-from pocketchat.conversations import Conversation
+from pocketchat.conversations import Conversation, Hub, NoOtherReplicas
 from pocketchat.providers import UnavailableProvider
 from pocketchat.providers.openai_compatible import OpenAIProvider
 from pocketchat.records import ConversationRecord, DocumentRecord, Message
@@ -177,3 +177,29 @@ def test_a_conversation_known_to_have_no_documents_skips_reading_them_until_told
     assert asyncio.run(document_reads_per_turn(fake, tmp_path / "stored.db", stored=True)) == [1, 1, 2]
     # A new conversation, not stored yet, has none: not even its first turn reads them.
     assert asyncio.run(document_reads_per_turn(fake, tmp_path / "new.db", stored=False)) == [0, 0, 1]
+
+
+class FoundElsewhere(NoOtherReplicas):
+    """A coordinator that finds every conversation as new on another replica, not stored yet."""
+
+    def __init__(self, record: ConversationRecord) -> None:
+        self.record = record
+
+    async def find_new(self, conversation_id: str) -> ConversationRecord | None:
+        return self.record if conversation_id == self.record.id else None
+
+
+def test_a_new_conversation_found_on_another_replica_is_not_known_to_have_no_documents(tmp_path):
+    # That replica may have taken an upload while this one loaded it, its frames not heard here.
+    async def opened() -> tuple[bool, bool]:
+        store = SqliteStore(tmp_path / "chat.db")
+        await store.open()
+        hub = Hub(store)
+        made_here = hub.create("alice", "fake-model", "")
+        record = ConversationRecord(model="fake-model", system_prompt="", owner="alice")
+        hub.coordinator = FoundElsewhere(record)
+        found = await hub.open(record.id, "alice")
+        await store.close()
+        return made_here.knows_no_documents(), found.knows_no_documents()
+
+    assert asyncio.run(opened()) == (True, False)
