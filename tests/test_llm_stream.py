@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from pocketchat.errors import ProviderError
 from pocketchat.providers.openai_compatible import OpenAIProvider
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.test_protocol import wait_for
@@ -113,3 +114,40 @@ def test_a_stop_whose_cancellation_the_provider_swallows_still_stops_and_leaves_
 
     result, cancelling = asyncio.run(read())
     assert result.stopped and cancelling == 0
+
+
+class CancelledIntoAnErrorProvider:
+    """A provider whose stream, cancelled, raises its own error (some clients turn a cancellation into one)."""
+
+    @contextlib.asynccontextmanager
+    async def open_stream(self, messages, model, max_tokens, on_queued=None, **offer) -> AsyncIterator[Any]:
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
+            try:
+                for i in range(1, 51):
+                    yield {"choices": [{"delta": {"content": f"tok{i} "}, "finish_reason": None}]}
+                    await asyncio.sleep(0.02)
+            except asyncio.CancelledError:
+                raise ProviderError("the read was cut", kind="stream_cut") from None
+
+        yield chunks()
+
+
+def test_a_read_that_fails_as_the_stop_comes_keeps_its_error_and_leaves_no_cancellation_pending():
+    async def read() -> tuple[BaseException | None, int]:
+        stop, pieces = asyncio.Event(), []
+
+        def on_chunk(content: str, reasoning: str | None) -> None:
+            pieces.append(content)
+            if len(pieces) == 2:
+                stop.set()
+
+        try:
+            await stream_llm(CancelledIntoAnErrorProvider(), MESSAGES, "m", None, on_chunk, stop)
+            failure = None
+        except ProviderError as error:
+            failure = error
+        await asyncio.sleep(0.05)  # the turn goes on (its error is recorded): nothing cancels it here
+        return failure, asyncio.current_task().cancelling()
+
+    failure, cancelling = asyncio.run(read())
+    assert isinstance(failure, ProviderError) and cancelling == 0

@@ -248,6 +248,10 @@ async def stream_llm(
             raise
         result.stopped = True
         return result
+    except BaseException:
+        if stopped_it:  # the read failed as the stop came: its failure stands, the stop's cancellation goes
+            task.uncancel()
+        raise
     finally:
         reading = False
         stopping.cancel()
