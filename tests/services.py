@@ -278,11 +278,16 @@ class FaultProxy:
         self._writers.add(writer)
         try:
             await self._flowing.wait()
+            if self._refusing:  # cut (or stopped) while it waited
+                self._drop(writer)
+                return
             upstream_reader, upstream_writer = await asyncio.open_connection(*self.target)
         except OSError:
             self._drop(writer)
             return
         self._writers.add(upstream_writer)
+        if self._refusing:
+            self._drop(writer)  # its pump to the server then ends, and closes that side
         await asyncio.gather(
             self._pump(reader, upstream_writer, writer), self._pump(upstream_reader, writer, upstream_writer)
         )
@@ -345,18 +350,29 @@ class FaultProxy:
     def stop(self) -> None:
         async def stop() -> None:
             assert self._flowing is not None
+            self._refusing = True  # what comes now is closed at once
+            self._flowing.set()  # stalled pumps wake up, find their connections closed, and end
+            await self._close_everything()
             if self._server is not None:
                 self._server.close()
-            self._refusing = True
-            self._flowing.set()  # stalled pumps wake up, find their connections closed, and end
-            for writer in list(self._writers):
-                self._drop(writer)
-            await asyncio.sleep(0.05)
+            await self._close_everything()  # what was accepted as it closed
 
         self._call(stop())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
         self._loop.close()
+
+    async def _close_everything(self) -> None:
+        """Close every connection until nothing runs: a stopped loop would leave their sockets to the
+        garbage collector (an unclosed-transport warning in whichever test runs then)."""
+        deadline = asyncio.get_running_loop().time() + 5
+        while asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.01)  # connections just accepted get their task
+            for writer in list(self._writers):
+                self._drop(writer)
+            if not (others := asyncio.all_tasks() - {asyncio.current_task()}):
+                return
+            await asyncio.wait(others, timeout=0.05)
 
 
 @pytest.fixture
