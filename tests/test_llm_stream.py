@@ -83,8 +83,12 @@ def test_a_stop_is_a_stop_even_after_an_earlier_cancellation_of_the_task_was_swa
     assert result.stopped and pieces == ["tok1 ", "tok2 ", "tok3 "]
 
 
-class QuietlyCancelledProvider:
-    """A provider whose stream ends without raising when cancelled (some wrap their reads that way)."""
+class CancelledQuietlyProvider:
+    """A provider whose stream, cancelled, ends without raising, or raises `error` instead (some clients
+    wrap their reads one way or the other)."""
+
+    def __init__(self, error: Exception | None = None) -> None:
+        self.error = error
 
     @contextlib.asynccontextmanager
     async def open_stream(self, messages, model, max_tokens, on_queued=None, **offer) -> AsyncIterator[Any]:
@@ -94,46 +98,17 @@ class QuietlyCancelledProvider:
                     yield {"choices": [{"delta": {"content": f"tok{i} "}, "finish_reason": None}]}
                     await asyncio.sleep(0.02)
             except asyncio.CancelledError:
-                return
+                if self.error is not None:
+                    raise self.error from None
 
         yield chunks()
 
 
-def test_a_stop_whose_cancellation_the_provider_swallows_still_stops_and_leaves_no_cancellation_pending():
-    async def read() -> tuple[StreamResult, int]:
-        stop, pieces = asyncio.Event(), []
+def stopped_after_two_chunks(provider: CancelledQuietlyProvider) -> tuple[StreamResult | ProviderError, int]:
+    """What stream_llm gave (its result, or the provider's error), and the cancellations then pending on
+    the task, which goes on a moment after it as a turn would."""
 
-        def on_chunk(content: str, reasoning: str | None) -> None:
-            pieces.append(content)
-            if len(pieces) == 2:
-                stop.set()
-
-        result = await stream_llm(QuietlyCancelledProvider(), MESSAGES, "m", None, on_chunk, stop)
-        await asyncio.sleep(0.05)  # the turn goes on: no cancellation of the stop's is left to hit it
-        return result, asyncio.current_task().cancelling()
-
-    result, cancelling = asyncio.run(read())
-    assert result.stopped and cancelling == 0
-
-
-class CancelledIntoAnErrorProvider:
-    """A provider whose stream, cancelled, raises its own error (some clients turn a cancellation into one)."""
-
-    @contextlib.asynccontextmanager
-    async def open_stream(self, messages, model, max_tokens, on_queued=None, **offer) -> AsyncIterator[Any]:
-        async def chunks() -> AsyncIterator[dict[str, Any]]:
-            try:
-                for i in range(1, 51):
-                    yield {"choices": [{"delta": {"content": f"tok{i} "}, "finish_reason": None}]}
-                    await asyncio.sleep(0.02)
-            except asyncio.CancelledError:
-                raise ProviderError("the read was cut", kind="stream_cut") from None
-
-        yield chunks()
-
-
-def test_a_read_that_fails_as_the_stop_comes_keeps_its_error_and_leaves_no_cancellation_pending():
-    async def read() -> tuple[BaseException | None, int]:
+    async def read() -> tuple[StreamResult | ProviderError, int]:
         stop, pieces = asyncio.Event(), []
 
         def on_chunk(content: str, reasoning: str | None) -> None:
@@ -142,12 +117,20 @@ def test_a_read_that_fails_as_the_stop_comes_keeps_its_error_and_leaves_no_cance
                 stop.set()
 
         try:
-            await stream_llm(CancelledIntoAnErrorProvider(), MESSAGES, "m", None, on_chunk, stop)
-            failure = None
+            outcome: StreamResult | ProviderError = await stream_llm(provider, MESSAGES, "m", None, on_chunk, stop)
         except ProviderError as error:
-            failure = error
-        await asyncio.sleep(0.05)  # the turn goes on (its error is recorded): nothing cancels it here
-        return failure, asyncio.current_task().cancelling()
+            outcome = error
+        await asyncio.sleep(0.05)  # no cancellation of the stop's is left to hit this
+        return outcome, asyncio.current_task().cancelling()
 
-    failure, cancelling = asyncio.run(read())
+    return asyncio.run(read())
+
+
+def test_a_stop_whose_cancellation_the_provider_swallows_still_stops_and_leaves_no_cancellation_pending():
+    result, cancelling = stopped_after_two_chunks(CancelledQuietlyProvider())
+    assert isinstance(result, StreamResult) and result.stopped and cancelling == 0
+
+
+def test_a_read_that_fails_as_the_stop_comes_keeps_its_error_and_leaves_no_cancellation_pending():
+    failure, cancelling = stopped_after_two_chunks(CancelledQuietlyProvider(ProviderError("cut", kind="stream_cut")))
     assert isinstance(failure, ProviderError) and cancelling == 0
