@@ -6,7 +6,9 @@ against it, in the bench's own process, the leanest read of the same fake:
 
 - `direct`: aiohttp reading the fake's SSE lines, parsed by hand (no SDK, no app): the limit;
 - `sdk` (not with --quick): the openai SDK the plain way, `chat.completions.create()`;
-- `provider` (not with --quick): the app's own `OpenAIProvider.open_stream`, without the app.
+- `provider` (not with --quick): the app's own `OpenAIProvider.open_stream`, without the app;
+- `relay`: the leanest WebSocket app between the same client and the fake (`bench/relay.py`): the
+  floor for any app in between, which the direct read is not (it has no socket to the client).
 
 Three measures:
 
@@ -17,7 +19,8 @@ Three measures:
 - turns: 300 conversations at once whose replies are one chunk: the app's CPU per turn started.
 
 CPU is the app process's user+system time across the measure (psutil). It prints medians of the
-repetitions with their spread (min-max), the ratios app/direct against issue 21's targets, and
+repetitions with their spread (min-max), the ratios app/direct against issue 21's targets, app/relay
+(what PocketChat costs beyond the floor) and relay/direct (the floor itself), and
 checks the CPU budgets (multiples of the direct read's CPU): it exits 1 when a median is over budget
 or any reply failed.
 
@@ -261,6 +264,11 @@ def median(runs: list[Run], what: Callable[[Run], float]) -> float:
     return statistics.median(what(r) for r in runs)
 
 
+def ratio(runs: list[Run], base: list[Run], what: Callable[[Run], float]) -> float:
+    """The median of `what` over `runs`, as a multiple of its median over `base`."""
+    return median(runs, what) / median(base, what)
+
+
 def show(label: str, runs: list[Run]) -> None:
     print(
         f"{label:>14}  p50 {spread([r.p(0.5) for r in runs], '.0f'):>17} ms"
@@ -281,11 +289,14 @@ class Fakes:
     turns: str
 
 
-async def measure(levels: list[int], repeat: int, quick: bool, fakes: Fakes, apps: dict[str, App]) -> bool:
-    """Run every measure; whether every reply arrived whole and the CPU stayed within budget."""
+async def measure(
+    levels: list[int], repeat: int, quick: bool, fakes: Fakes, apps: dict[str, App], relays: dict[str, App]
+) -> bool:
+    """Run every measure; whether every reply arrived whole and the CPU stayed within budget. `apps` and
+    `relays`: PocketChat and the relay, by the fake they read ("burst", "stream", "turns")."""
     provider = OpenAIProvider(fakes.burst, "bench", "fake-model", idle_limit=30.0)
     runs: dict[tuple[str, int], list[Run]] = {}
-    who = ["direct", "app"] if quick else ["direct", "sdk", "provider", "app"]
+    who = ["direct", "relay", "app"] if quick else ["direct", "sdk", "provider", "relay", "app"]
     print(f"burst: {TOKENS} chunks {PACE_MS} ms apart; {repeat} runs, median (min-max) of the runs")
     for n in levels:
         for _ in range(repeat):
@@ -296,6 +307,8 @@ async def measure(levels: list[int], repeat: int, quick: bool, fakes: Fakes, app
                     run = await sdk_baseline(fakes.burst, n)
                 elif name == "provider":
                     run = await provider_baseline(provider, n)
+                elif name == "relay":
+                    run = await through_app(relays["burst"], n)
                 else:
                     run = await through_app(apps["burst"], n)
                 runs.setdefault((name, n), []).append(run)
@@ -304,17 +317,19 @@ async def measure(levels: list[int], repeat: int, quick: bool, fakes: Fakes, app
     await provider.aclose()
 
     print(f"\nstream: one reply of {STREAM_TOKENS} chunks, unpaced")
-    streams: dict[str, list[Run]] = {"direct": [], "app": []}
+    streams: dict[str, list[Run]] = {"direct": [], "relay": [], "app": []}
     for _ in range(repeat):
         streams["direct"].append(await direct(fakes.stream, 1, STREAM_TOKENS))
+        streams["relay"].append(await through_app(relays["stream"], 1, STREAM_TOKENS))
         streams["app"].append(await through_app(apps["stream"], 1, STREAM_TOKENS))
     for name, rs in streams.items():
         show(f"stream {name}", rs)
 
     print(f"\nturns: {TURNS} conversations at once, one-chunk replies")
-    turns: dict[str, list[Run]] = {"direct": [], "app": []}
+    turns: dict[str, list[Run]] = {"direct": [], "relay": [], "app": []}
     for _ in range(repeat):
         turns["direct"].append(await direct(fakes.turns, TURNS, 1))
+        turns["relay"].append(await through_app(relays["turns"], TURNS, 1))
         turns["app"].append(await through_app(apps["turns"], TURNS, 1))
     for name, rs in turns.items():
         show(f"turns {name}", rs)
@@ -337,6 +352,18 @@ async def measure(levels: list[int], repeat: int, quick: bool, fakes: Fakes, app
     stream_ratio = median(streams["app"], lambda r: r.rate) / median(streams["direct"], lambda r: r.rate)
     print(f"  one stream: chunks/s x{stream_ratio:.2f} [>= 0.5]")
 
+    print("\nthe relay: the floor (relay/direct) and what PocketChat costs beyond it (app/relay), medians:")
+    for n in levels:
+        app, relay, lean = runs[("app", n)], runs[("relay", n)], runs[("direct", n)]
+        for what, of in (("wall", lambda r: r.wall), ("p99 first chunk", lambda r: r.p(0.99))):
+            print(f"  {n} at once: {what} x{ratio(relay, lean, of):.2f} / x{ratio(app, relay, of):.2f}")
+    for what, rs, of in (
+        ("one stream: chunks/s", streams, lambda r: r.rate),
+        ("one stream: CPU per chunk", streams, lambda r: r.cpu_us_per_chunk),
+        ("turns: CPU per turn", turns, lambda r: r.cpu),
+    ):
+        print(f"  {what} x{ratio(rs['relay'], rs['direct'], of):.2f} / x{ratio(rs['app'], rs['relay'], of):.2f}")
+
     per_chunk = median(streams["app"], lambda r: r.cpu_us_per_chunk)
     per_turn = median(turns["app"], lambda r: r.cpu / TURNS * 1e6)
     chunk_ratio = per_chunk / median(streams["direct"], lambda r: r.cpu_us_per_chunk)
@@ -356,9 +383,13 @@ async def measure(levels: list[int], repeat: int, quick: bool, fakes: Fakes, app
 
 
 def start_fake(port: int, tokens: int, pace_ms: float) -> subprocess.Popen[bytes]:
-    args = ["--port", str(port), "--tokens", str(tokens), "--pace-ms", str(pace_ms)]
+    return start_module("tests.fake_openai", "--port", str(port), "--tokens", str(tokens), "--pace-ms", str(pace_ms))
+
+
+def start_module(module: str, *args: str) -> subprocess.Popen[bytes]:
+    """`python -m module args` from the checkout's root."""
     return subprocess.Popen(
-        [sys.executable, "-m", "tests.fake_openai", *args],
+        [sys.executable, "-m", module, *args],
         cwd=ROOT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
         stdout=subprocess.DEVNULL,
@@ -377,6 +408,11 @@ def main() -> None:
     ports = {name: free_port() for name in shapes}
     urls = {name: f"http://127.0.0.1:{port}/v1" for name, port in ports.items()}
     fakes = [start_fake(ports[name], *shape) for name, shape in shapes.items()]
+    relay_ports = {name: free_port() for name in shapes}
+    relay_processes = {
+        name: start_module("bench.relay", "--port", str(port), "--base-url", urls[name])
+        for name, port in relay_ports.items()
+    }
     processes: list[AppProcess] = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
@@ -392,13 +428,17 @@ def main() -> None:
                 )  # fmt: skip
                 processes.append(process.start())
                 apps[name] = App(process.ws_url, sign_in(process.url), process.process.pid)
-            ok = uvloop.run(measure(levels, args.repeat, args.quick, Fakes(**urls), apps))
+            relays = {}
+            for name, port in relay_ports.items():
+                wait_http(f"http://127.0.0.1:{port}/")
+                relays[name] = App(f"ws://127.0.0.1:{port}/ws", "", relay_processes[name].pid)
+            ok = uvloop.run(measure(levels, args.repeat, args.quick, Fakes(**urls), apps, relays))
         finally:
             for process in processes:
                 process.stop()
-            for fake in fakes:
-                fake.terminate()
-                fake.wait()
+            for server in (*fakes, *relay_processes.values()):
+                server.terminate()
+                server.wait()
     sys.exit(0 if ok else 1)
 
 
