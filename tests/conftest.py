@@ -225,6 +225,8 @@ def fake(fake_server: FakeOpenAI) -> FakeOpenAI:
     fake_server.hangups = 0
     fake_server.completed = 0
     fake_server.models_answer = True
+    fake_server.connections = 0
+    fake_server.idle_close = None
     return fake_server
 
 

@@ -79,6 +79,9 @@ class FakeOpenAI:
         self.hangups = 0
         self.completed = 0
         self.models_answer = True  # False: accept `GET /models` and never answer, as a hung provider does
+        self.connections = 0  # connections accepted
+        # Close a connection idle this long between requests, as servers do (uvicorn after 5 s); None: never.
+        self.idle_close: float | None = None
         self.port = 0
         self._calls_made = 0
         self._server: asyncio.Server | None = None
@@ -101,10 +104,16 @@ class FakeOpenAI:
             self._server.close()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
             carry: bytes | None = b""
             while carry is not None:
                 carry = await self._exchange(reader, writer, carry)
+                if carry == b"" and self.idle_close is not None:
+                    try:  # the next request's first byte (none at the end: the client closed it)
+                        carry = await asyncio.wait_for(reader.read(1), self.idle_close) or None
+                    except TimeoutError:
+                        return
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
         finally:

@@ -166,3 +166,32 @@ def test_a_stream_kept_open_after_done_is_a_complete_reply_at_once(fake):
     text = [c["choices"][0]["delta"].get("content") or "" for c in chunks if isinstance(c, dict) and c["choices"]]
     assert "".join(text) == "all here"
     assert seconds < 2
+
+
+async def two_replies(provider: OpenAIProvider, pause: float) -> list[str]:
+    """The text of two replies read `pause` seconds apart, as a person reads one and writes the next message."""
+    texts = []
+    for first in (True, False):
+        if not first:
+            await asyncio.sleep(pause)
+        async with provider.open_stream(MESSAGES, "fake-model", None) as stream:
+            texts.append("".join([c["choices"][0]["delta"].get("content") or "" async for c in stream if c["choices"]]))
+    await provider.aclose()
+    return texts
+
+
+def test_a_pooled_connection_outlives_a_pause_between_messages(fake):
+    # A person reads a reply before writing the next message: that turn reuses the connection rather
+    # than opening a new one (a TCP and TLS handshake to a remote provider, before its first chunk).
+    provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
+    assert asyncio.run(two_replies(provider, pause=6)) == ["tok1 tok2 tok3 tok4 tok5 "] * 2
+    assert fake.connections == 1
+
+
+def test_a_connection_the_provider_closed_while_idle_is_not_reused(fake):
+    # A provider that closes idle connections sooner than the pool keeps them (uvicorn's 5 s, say): the
+    # next reply comes on a new connection, with no error.
+    fake.idle_close = 0.2
+    provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
+    assert asyncio.run(two_replies(provider, pause=0.6)) == ["tok1 tok2 tok3 tok4 tok5 "] * 2
+    assert fake.connections == 2

@@ -27,10 +27,12 @@ RETRYABLE_STATUSES = {408, 409, 425, 429, 500, 502, 503, 504}
 # How long what follows a stream's `[DONE]` is read (the SDK's own wait), so the connection can be used again.
 DRAIN_SECONDS = 0.1
 KEY_PATTERN = re.compile(r"\b(sk|or|key)-[A-Za-z0-9_\-*]{8,}")
-# The streaming request's pool, as the SDK's: at most this many connections open at once, and a
-# free one kept this many seconds (a server such as uvicorn closes an idle one after 5 s).
+# The streaming request's pool: at most this many connections open at once (as the SDK's), and a free
+# one kept this many seconds. Longer than the SDK's 5 s: a person reads a reply before writing the next
+# message, and that turn would otherwise open a new connection (TCP and TLS) before its first chunk. A
+# server that closes an idle one sooner (uvicorn after 5 s) is seen closing it: it is not reused.
 MAX_CONNECTIONS = 1000
-KEEPALIVE_SECONDS = 5.0
+KEEPALIVE_SECONDS = 60.0
 
 
 class OpenAIProvider:
