@@ -4,7 +4,10 @@ Each measure runs the whole app (WebSocket client → app → fake provider) wit
 cookie), every per-user limit on (set too high to refuse the bench's one user) and metrics on, and
 against it, in the bench's own process, the leanest read of the same fake:
 
-- `direct`: aiohttp reading the fake's SSE lines, parsed by hand (no SDK, no app): the limit;
+- `direct`: aiohttp reading the fake's SSE lines, parsed by hand (no SDK, no app), a new connection
+  for each conversation: issue 21's baseline, its targets' "limit";
+- `pooled`: the same read on connections kept from the runs before (as the app's pool keeps them):
+  the true limit, and a steadier one (a burst of new connections swings the direct read's p99 by 2x);
 - `sdk` (not with --quick): the openai SDK the plain way, `chat.completions.create()`;
 - `provider` (not with --quick): the app's own `OpenAIProvider.open_stream`, without the app;
 - `relay`: the leanest WebSocket app between the same client and the fake (`bench/relay.py`): the
@@ -19,8 +22,9 @@ Three measures:
 - turns: 300 conversations at once whose replies are one chunk: the app's CPU per turn started.
 
 CPU is the app process's user+system time across the measure (psutil). It prints medians of the
-repetitions with their spread (min-max), the ratios app/direct against issue 21's targets, app/relay
-(what PocketChat costs beyond the floor) and relay/direct (the floor itself), and
+repetitions with their spread (min-max), the ratios app/direct against issue 21's targets, then the
+floors (pooled and relay, against direct) and what PocketChat costs beyond each (app/pooled,
+app/relay), and
 checks the CPU budgets (multiples of the direct read's CPU): it exits 1 when a median is over budget
 or any reply failed.
 
@@ -30,6 +34,7 @@ or any reply failed.
 import argparse
 import asyncio
 import json
+import operator
 import os
 import resource
 import statistics
@@ -121,29 +126,34 @@ def wait_http(url: str) -> None:
     raise RuntimeError(f"{url} did not come up")
 
 
-async def direct(fake_url: str, n: int, tokens: int = TOKENS) -> Run:
-    """The leanest read: aiohttp, the SSE lines parsed by hand. Its CPU is the bench process's own."""
+async def direct(fake_url: str, n: int, tokens: int = TOKENS, pool: aiohttp.ClientSession | None = None) -> Run:
+    """The leanest read: aiohttp, the SSE lines parsed by hand. Its CPU is the bench process's own.
+
+    Without `pool` (issue 21's baseline) each conversation opens a connection of its own; with it, the
+    connections `pool` kept from the runs before are used again, as an app's pool is (`pooled`)."""
+    if pool is None:
+        # No connection limit: aiohttp's default of 100 would read 300 replies in three waves.
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+            return await direct(fake_url, n, tokens, session)
     body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "stream": True}
     want = expected(tokens)
-    # No connection limit: aiohttp's default of 100 would read 300 replies in three waves.
-    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
 
-        async def one() -> tuple[float | None, int, bool]:
-            start, first, text = time.perf_counter(), None, []
-            async with session.post(f"{fake_url}/chat/completions", json=body) as response:
-                async for line in response.content:
-                    if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
-                        continue
-                    choices = json.loads(line[6:])["choices"]
-                    if choices and (piece := choices[0]["delta"].get("content")):
-                        first = first or time.perf_counter() - start
-                        text.append(piece)
-            return first, len(text), "".join(text) == want
+    async def one() -> tuple[float | None, int, bool]:
+        start, first, text = time.perf_counter(), None, []
+        async with pool.post(f"{fake_url}/chat/completions", json=body) as response:
+            async for line in response.content:
+                if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                    continue
+                choices = json.loads(line[6:])["choices"]
+                if choices and (piece := choices[0]["delta"].get("content")):
+                    first = first or time.perf_counter() - start
+                    text.append(piece)
+        return first, len(text), "".join(text) == want
 
-        cpu = own_cpu_seconds()
-        start = time.perf_counter()
-        results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
-        return summarize(results, time.perf_counter() - start, own_cpu_seconds() - cpu)
+    cpu = own_cpu_seconds()
+    start = time.perf_counter()
+    results = await asyncio.gather(*(one() for _ in range(n)), return_exceptions=True)
+    return summarize(results, time.perf_counter() - start, own_cpu_seconds() - cpu)
 
 
 async def sdk_baseline(fake_url: str, n: int) -> Run:
@@ -296,13 +306,20 @@ async def measure(
     `relays`: PocketChat and the relay, by the fake they read ("burst", "stream", "turns")."""
     provider = OpenAIProvider(fakes.burst, "bench", "fake-model", idle_limit=30.0)
     runs: dict[tuple[str, int], list[Run]] = {}
-    who = ["direct", "relay", "app"] if quick else ["direct", "sdk", "provider", "relay", "app"]
+    who = ["direct", "pooled", "relay", "app"] if quick else ["direct", "pooled", "sdk", "provider", "relay", "app"]
+    # The pooled read's connections, opened before anything is measured (as the app's and the relay's
+    # are by the bench's first runs); no limit, as the direct read.
+    pool = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    await direct(fakes.burst, max(levels), pool=pool)
+    await direct(fakes.turns, TURNS, 1, pool)
     print(f"burst: {TOKENS} chunks {PACE_MS} ms apart; {repeat} runs, median (min-max) of the runs")
     for n in levels:
         for _ in range(repeat):
             for name in who:
                 if name == "direct":
                     run = await direct(fakes.burst, n)
+                elif name == "pooled":
+                    run = await direct(fakes.burst, n, pool=pool)
                 elif name == "sdk":
                     run = await sdk_baseline(fakes.burst, n)
                 elif name == "provider":
@@ -326,14 +343,16 @@ async def measure(
         show(f"stream {name}", rs)
 
     print(f"\nturns: {TURNS} conversations at once, one-chunk replies")
-    turns: dict[str, list[Run]] = {"direct": [], "relay": [], "app": []}
+    turns: dict[str, list[Run]] = {"direct": [], "pooled": [], "relay": [], "app": []}
     for _ in range(repeat):
         turns["direct"].append(await direct(fakes.turns, TURNS, 1))
+        turns["pooled"].append(await direct(fakes.turns, TURNS, 1, pool))
         turns["relay"].append(await through_app(relays["turns"], TURNS, 1))
         turns["app"].append(await through_app(apps["turns"], TURNS, 1))
     for name, rs in turns.items():
         show(f"turns {name}", rs)
         print(f"{'':>14}  cpu {spread([r.cpu / TURNS * 1e6 for r in rs], '.0f')} us/turn")
+    await pool.close()
 
     print("\napp/direct, medians (issue 21's targets in brackets):")
     for n in levels:
@@ -352,17 +371,21 @@ async def measure(
     stream_ratio = median(streams["app"], lambda r: r.rate) / median(streams["direct"], lambda r: r.rate)
     print(f"  one stream: chunks/s x{stream_ratio:.2f} [>= 0.5]")
 
-    print("\nthe relay: the floor (relay/direct) and what PocketChat costs beyond it (app/relay), medians:")
+    print("\nthe floors against direct (pooled, relay), and what PocketChat costs beyond each (app/pooled, app/relay):")
     for n in levels:
-        app, relay, lean = runs[("app", n)], runs[("relay", n)], runs[("direct", n)]
+        app, lean = runs[("app", n)], runs[("direct", n)]
+        pooled, relay = runs[("pooled", n)], runs[("relay", n)]
         for what, of in (("wall", lambda r: r.wall), ("p99 first chunk", lambda r: r.p(0.99))):
-            print(f"  {n} at once: {what} x{ratio(relay, lean, of):.2f} / x{ratio(app, relay, of):.2f}")
-    for what, rs, of in (
-        ("one stream: chunks/s", streams, lambda r: r.rate),
-        ("one stream: CPU per chunk", streams, lambda r: r.cpu_us_per_chunk),
-        ("turns: CPU per turn", turns, lambda r: r.cpu),
-    ):
-        print(f"  {what} x{ratio(rs['relay'], rs['direct'], of):.2f} / x{ratio(rs['app'], rs['relay'], of):.2f}")
+            floors = f"x{ratio(pooled, lean, of):.2f}, x{ratio(relay, lean, of):.2f}"
+            print(f"  {n} at once: {what} {floors}; app x{ratio(app, pooled, of):.2f}, x{ratio(app, relay, of):.2f}")
+    cpu = operator.attrgetter("cpu")  # every run has the same number of turns
+    floors = f"x{ratio(turns['pooled'], turns['direct'], cpu):.2f}, x{ratio(turns['relay'], turns['direct'], cpu):.2f}"
+    beyond = f"x{ratio(turns['app'], turns['pooled'], cpu):.2f}, x{ratio(turns['app'], turns['relay'], cpu):.2f}"
+    print(f"  CPU per turn started: {floors}; app {beyond}")
+    for what, attribute in (("chunks/s", "rate"), ("CPU per chunk", "cpu_us_per_chunk")):
+        of = operator.attrgetter(attribute)
+        floor, beyond = ratio(streams["relay"], streams["direct"], of), ratio(streams["app"], streams["relay"], of)
+        print(f"  one stream, {what}: relay x{floor:.2f}; app x{beyond:.2f}")
 
     per_chunk = median(streams["app"], lambda r: r.cpu_us_per_chunk)
     per_turn = median(turns["app"], lambda r: r.cpu / TURNS * 1e6)
