@@ -53,7 +53,7 @@ import psutil
 import uvloop
 import websockets
 
-from pocketchat.providers.openai_compatible import OpenAIProvider
+from pocketchat.providers.openai_compatible import KEEPALIVE_SECONDS, OpenAIProvider
 from tests.cluster import TOKEN, sign_in
 from tests.conftest import AppProcess, free_port, seqs_of
 
@@ -304,16 +304,49 @@ async def measure(
 ) -> bool:
     """Run every measure; whether every reply arrived whole and the CPU stayed within budget. `apps` and
     `relays`: PocketChat and the relay, by the fake they read ("burst", "stream", "turns")."""
+    # The pooled read keeps its connections as long as the app's pool does (and the relay's); no
+    # limit, as the direct read.
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)
+    async with aiohttp.ClientSession(connector=connector) as pool:
+        runs = await bursts(levels, repeat, quick, fakes, apps, relays, pool)
+        streams: dict[str, list[Run]] = {"direct": [], "relay": [], "app": []}
+        print(f"\nstream: one reply of {STREAM_TOKENS} chunks, unpaced")
+        for _ in range(repeat):
+            streams["direct"].append(await direct(fakes.stream, 1, STREAM_TOKENS))
+            streams["relay"].append(await through_app(relays["stream"], 1, STREAM_TOKENS))
+            streams["app"].append(await through_app(apps["stream"], 1, STREAM_TOKENS))
+        for name, rs in streams.items():
+            show(f"stream {name}", rs)
+        print(f"\nturns: {TURNS} conversations at once, one-chunk replies")
+        await direct(fakes.turns, TURNS, 1, pool)  # the pooled read's connections to this fake, opened
+        turns: dict[str, list[Run]] = {"direct": [], "pooled": [], "relay": [], "app": []}
+        for _ in range(repeat):
+            turns["direct"].append(await direct(fakes.turns, TURNS, 1))
+            turns["pooled"].append(await direct(fakes.turns, TURNS, 1, pool))
+            turns["relay"].append(await through_app(relays["turns"], TURNS, 1))
+            turns["app"].append(await through_app(apps["turns"], TURNS, 1))
+        for name, rs in turns.items():
+            show(f"turns {name}", rs)
+            print(f"{'':>14}  cpu {spread([r.cpu / TURNS * 1e6 for r in rs], '.0f')} us/turn")
+    return report(levels, quick, runs, streams, turns)
+
+
+async def bursts(
+    levels: list[int],
+    repeat: int,
+    quick: bool,
+    fakes: Fakes,
+    apps: dict[str, App],
+    relays: dict[str, App],
+    pool: aiohttp.ClientSession,
+) -> dict[tuple[str, int], list[Run]]:
+    """The bursts of `levels` conversations at once, by who read them and how many."""
     provider = OpenAIProvider(fakes.burst, "bench", "fake-model", idle_limit=30.0)
     runs: dict[tuple[str, int], list[Run]] = {}
     who = ["direct", "pooled", "relay", "app"] if quick else ["direct", "pooled", "sdk", "provider", "relay", "app"]
-    # The pooled read's connections, opened before anything is measured (as the app's and the relay's
-    # are by the bench's first runs); no limit, as the direct read.
-    pool = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
-    await direct(fakes.burst, max(levels), pool=pool)
-    await direct(fakes.turns, TURNS, 1, pool)
     print(f"burst: {TOKENS} chunks {PACE_MS} ms apart; {repeat} runs, median (min-max) of the runs")
     for n in levels:
+        await direct(fakes.burst, n, pool=pool)  # the pooled read's connections, opened before it is measured
         for _ in range(repeat):
             for name in who:
                 if name == "direct":
@@ -332,69 +365,54 @@ async def measure(
         for name in who:
             show(f"{n} {name}", runs[(name, n)])
     await provider.aclose()
+    return runs
 
-    print(f"\nstream: one reply of {STREAM_TOKENS} chunks, unpaced")
-    streams: dict[str, list[Run]] = {"direct": [], "relay": [], "app": []}
-    for _ in range(repeat):
-        streams["direct"].append(await direct(fakes.stream, 1, STREAM_TOKENS))
-        streams["relay"].append(await through_app(relays["stream"], 1, STREAM_TOKENS))
-        streams["app"].append(await through_app(apps["stream"], 1, STREAM_TOKENS))
-    for name, rs in streams.items():
-        show(f"stream {name}", rs)
 
-    print(f"\nturns: {TURNS} conversations at once, one-chunk replies")
-    turns: dict[str, list[Run]] = {"direct": [], "pooled": [], "relay": [], "app": []}
-    for _ in range(repeat):
-        turns["direct"].append(await direct(fakes.turns, TURNS, 1))
-        turns["pooled"].append(await direct(fakes.turns, TURNS, 1, pool))
-        turns["relay"].append(await through_app(relays["turns"], TURNS, 1))
-        turns["app"].append(await through_app(apps["turns"], TURNS, 1))
-    for name, rs in turns.items():
-        show(f"turns {name}", rs)
-        print(f"{'':>14}  cpu {spread([r.cpu / TURNS * 1e6 for r in rs], '.0f')} us/turn")
-    await pool.close()
-
+def report(
+    levels: list[int],
+    quick: bool,
+    runs: dict[tuple[str, int], list[Run]],
+    streams: dict[str, list[Run]],
+    turns: dict[str, list[Run]],
+) -> bool:
+    """Print the ratios and the CPU budgets; whether every reply arrived whole and the CPU stayed within budget."""
+    wall, p99 = operator.attrgetter("wall"), lambda r: r.p(0.99)
+    rate, per_chunk, cpu = (operator.attrgetter(name) for name in ("rate", "cpu_us_per_chunk", "cpu"))
     print("\napp/direct, medians (issue 21's targets in brackets):")
     for n in levels:
         app, lean = runs[("app", n)], runs[("direct", n)]
         print(
-            f"  {n} at once: wall x{median(app, lambda r: r.wall) / median(lean, lambda r: r.wall):.2f} [<= 1.3],"
-            f" p99 first chunk x{median(app, lambda r: r.p(0.99)) / median(lean, lambda r: r.p(0.99)):.2f} [<= 2],"
-            f" failures {sum(r.failures for r in app)} [0]"
+            f"  {n} at once: wall x{ratio(app, lean, wall):.2f} [<= 1.3],"
+            f" p99 first chunk x{ratio(app, lean, p99):.2f} [<= 2], failures {sum(r.failures for r in app)} [0]"
         )
         if not quick:
             for base in ("sdk", "provider"):
                 other = runs[(base, n)]
-                wall = median(app, lambda r: r.wall) / median(other, lambda r: r.wall)
-                p99 = median(app, lambda r: r.p(0.99)) / median(other, lambda r: r.p(0.99))
-                print(f"  {n} at once vs {base}: wall x{wall:.2f}, p99 first chunk x{p99:.2f}")
-    stream_ratio = median(streams["app"], lambda r: r.rate) / median(streams["direct"], lambda r: r.rate)
-    print(f"  one stream: chunks/s x{stream_ratio:.2f} [>= 0.5]")
+                walls, p99s = ratio(app, other, wall), ratio(app, other, p99)
+                print(f"  {n} at once vs {base}: wall x{walls:.2f}, p99 first chunk x{p99s:.2f}")
+    print(f"  one stream: chunks/s x{ratio(streams['app'], streams['direct'], rate):.2f} [>= 0.5]")
 
     print("\nthe floors against direct (pooled, relay), and what PocketChat costs beyond each (app/pooled, app/relay):")
     for n in levels:
-        app, lean = runs[("app", n)], runs[("direct", n)]
-        pooled, relay = runs[("pooled", n)], runs[("relay", n)]
-        for what, of in (("wall", lambda r: r.wall), ("p99 first chunk", lambda r: r.p(0.99))):
+        app, lean, pooled, relay = (runs[(name, n)] for name in ("app", "direct", "pooled", "relay"))
+        for what, of in (("wall", wall), ("p99 first chunk", p99)):
             floors = f"x{ratio(pooled, lean, of):.2f}, x{ratio(relay, lean, of):.2f}"
             print(f"  {n} at once: {what} {floors}; app x{ratio(app, pooled, of):.2f}, x{ratio(app, relay, of):.2f}")
-    cpu = operator.attrgetter("cpu")  # every run has the same number of turns
     floors = f"x{ratio(turns['pooled'], turns['direct'], cpu):.2f}, x{ratio(turns['relay'], turns['direct'], cpu):.2f}"
     beyond = f"x{ratio(turns['app'], turns['pooled'], cpu):.2f}, x{ratio(turns['app'], turns['relay'], cpu):.2f}"
     print(f"  CPU per turn started: {floors}; app {beyond}")
-    for what, attribute in (("chunks/s", "rate"), ("CPU per chunk", "cpu_us_per_chunk")):
-        of = operator.attrgetter(attribute)
+    for what, of in (("chunks/s", rate), ("CPU per chunk", per_chunk)):
         floor, beyond = ratio(streams["relay"], streams["direct"], of), ratio(streams["app"], streams["relay"], of)
         print(f"  one stream, {what}: relay x{floor:.2f}; app x{beyond:.2f}")
 
-    per_chunk = median(streams["app"], lambda r: r.cpu_us_per_chunk)
-    per_turn = median(turns["app"], lambda r: r.cpu / TURNS * 1e6)
-    chunk_ratio = per_chunk / median(streams["direct"], lambda r: r.cpu_us_per_chunk)
-    turn_ratio = per_turn / median(turns["direct"], lambda r: r.cpu / TURNS * 1e6)
+    chunk_ratio, turn_ratio = (
+        ratio(streams["app"], streams["direct"], per_chunk),
+        ratio(turns["app"], turns["direct"], cpu),
+    )
     print(
-        f"\nCPU budget: {per_chunk:.0f} us per chunk, x{chunk_ratio:.2f} of the direct read's (budget"
-        f" x{BUDGET_PER_CHUNK:g}); {per_turn:.0f} us per turn started, x{turn_ratio:.2f} of the direct read's"
-        f" per request (budget x{BUDGET_PER_TURN:g})"
+        f"\nCPU budget: {median(streams['app'], per_chunk):.0f} us per chunk, x{chunk_ratio:.2f} of the direct read's"
+        f" (budget x{BUDGET_PER_CHUNK:g}); {median(turns['app'], cpu) / TURNS * 1e6:.0f} us per turn started,"
+        f" x{turn_ratio:.2f} of the direct read's per request (budget x{BUDGET_PER_TURN:g})"
     )
     failed = [why for rs in (*runs.values(), *streams.values(), *turns.values()) for r in rs for why in r.why]
     for line in failed[:10]:
@@ -423,7 +441,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--levels", default=None, help="conversations at once, comma-separated (default 100,300)")
     parser.add_argument("--repeat", type=int, default=3)
-    quick = "300 at once only, and the direct read as the one baseline"
+    quick = "300 at once only, without the sdk and provider baselines"
     parser.add_argument("--quick", action="store_true", help=quick)
     args = parser.parse_args()
     levels = [int(level) for level in (args.levels or ("300" if args.quick else "100,300")).split(",")]

@@ -1,10 +1,13 @@
-"""The leanest WebSocket relay between a client and the provider: the floor for any app in between.
+"""A lean WebSocket relay between a client and the provider: a reference for any app in between.
 
-`bench/load.py` measures it beside PocketChat, with the same client, the same fake provider and the
-same uvicorn settings (`websockets-sansio`, uvloop, no compression). It does what every chat server
-must do for a reply and nothing else: read a `message` frame, send one request with aiohttp, parse
-the SSE lines with orjson, send one `chunk` frame per piece and a `turn_end`. No sign-in, no store,
-no turn log, no limits, no second task per socket; what PocketChat costs beyond it is its own.
+`bench/load.py` measures it beside PocketChat, with the same client, the same fake provider, the same
+request body and the same uvicorn settings (`websockets-sansio`, uvloop, no compression, no proxy
+headers), and a pool that keeps its connections as long as PocketChat's. It does what every chat
+server must do for a reply and little else: read a `message` frame, send one request with aiohttp,
+parse the SSE lines with orjson, send one `chunk` frame per piece and a `turn_end`. No sign-in, no
+store, no turn log, no limits, no second task per socket, no tuned garbage collector; what PocketChat
+costs beyond it is its own. One frame per piece always: in an unpaced stream PocketChat, which puts
+the pieces waiting into one frame, does less than it.
 
     python -m bench.relay --port 9100 --base-url http://127.0.0.1:9000/v1
 """
@@ -19,6 +22,8 @@ import uvicorn
 from starlette.applications import Starlette
 from starlette.routing import WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from pocketchat.providers.openai_compatible import KEEPALIVE_SECONDS
 
 
 def create_relay(base_url: str) -> Starlette:
@@ -39,7 +44,12 @@ def create_relay(base_url: str) -> Starlette:
             return
 
     async def reply(websocket: WebSocket, content: str) -> None:
-        body = {"model": "fake-model", "messages": [{"role": "user", "content": content}], "stream": True}
+        body = {
+            "model": "fake-model",
+            "messages": [{"role": "user", "content": content}],
+            "stream": True,
+            "stream_options": {"include_usage": True},  # as PocketChat asks: the usage comes as one more chunk
+        }
         seq = 0
         async with sessions[0].post(url, data=orjson.dumps(body)) as response:
             async for line in response.content:
@@ -53,8 +63,10 @@ def create_relay(base_url: str) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        # No connection limit, as the direct read: aiohttp's default of 100 would queue a burst.
-        sessions.append(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)))
+        # No connection limit, as the direct read (aiohttp's default of 100 would queue a burst), and
+        # connections kept as long as PocketChat keeps them.
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)
+        sessions.append(aiohttp.ClientSession(connector=connector))
         yield
         await sessions.pop().close()
 
@@ -67,8 +79,9 @@ def main() -> None:
     parser.add_argument("--base-url", required=True)
     args = parser.parse_args()
     # PocketChat's own uvicorn settings (main.py): the same WebSocket implementation and loop.
+    relay = create_relay(args.base_url)
     uvicorn.run(
-        create_relay(args.base_url), host="127.0.0.1", port=args.port, ws_per_message_deflate=False, log_level="warning"
+        relay, host="127.0.0.1", port=args.port, ws_per_message_deflate=False, proxy_headers=False, log_level="warning"
     )
 
 

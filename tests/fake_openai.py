@@ -48,6 +48,9 @@ class Reply:
     status: int | None = None  # answer with this HTTP error instead
     message: str = "The fake provider failed on purpose."
     cut_after: int | None = None  # drop the connection after this many content chunks
+    # Close the connection on reading the request, answering nothing: as a server whose keep-alive
+    # timeout closed a pooled connection just as the request went out on it.
+    hang_up: bool = False
     stall_after: int | None = None  # go silent (connection open) after this many content chunks
     finish: bool = True  # send a finish_reason
     raw: list[str] | None = None  # send these data lines as they are, then [DONE]
@@ -151,6 +154,8 @@ class FakeOpenAI:
             reply = self.script.popleft() if self.script else self.default
             if reply.calls and request["json"].get("tool_choice") == "none":
                 reply = Reply(tokens=reply.tokens, count=reply.count, pace=reply.pace)  # it may not call tools
+            if reply.hang_up:
+                return None
             if reply.status is not None:
                 error = {"error": {"message": reply.message, "type": "fake_error", "code": reply.status}}
                 self._json(writer, reply.status, error)

@@ -171,12 +171,14 @@ def test_a_stream_kept_open_after_done_is_a_complete_reply_at_once(fake):
 async def two_replies(provider: OpenAIProvider, pause: float) -> list[str]:
     """The text of two replies read `pause` seconds apart, as a person reads one and writes the next message."""
     texts = []
-    for first in (True, False):
-        if not first:
-            await asyncio.sleep(pause)
-        async with provider.open_stream(MESSAGES, "fake-model", None) as stream:
-            texts.append("".join([c["choices"][0]["delta"].get("content") or "" async for c in stream if c["choices"]]))
-    await provider.aclose()
+    try:
+        for wait in (0, pause):
+            await asyncio.sleep(wait)
+            async with provider.open_stream(MESSAGES, "fake-model", None) as stream:
+                pieces = [c["choices"][0]["delta"].get("content") or "" async for c in stream if c["choices"]]
+                texts.append("".join(pieces))
+    finally:
+        await provider.aclose()
     return texts
 
 
@@ -193,5 +195,14 @@ def test_a_connection_the_provider_closed_while_idle_is_not_reused(fake):
     # next reply comes on a new connection, with no error.
     fake.idle_close = 0.2
     provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
-    assert asyncio.run(two_replies(provider, pause=0.6)) == ["tok1 tok2 tok3 tok4 tok5 "] * 2
+    assert asyncio.run(two_replies(provider, pause=1.0)) == ["tok1 tok2 tok3 tok4 tok5 "] * 2
     assert fake.connections == 2
+
+
+def test_a_close_that_crosses_the_request_sends_it_again_at_once(fake):
+    # The provider's keep-alive runs out as the next request goes out on the pooled connection: it
+    # closes it unanswered. The request goes again at once on a new connection: no error, no retry wait.
+    fake.queue(Reply(), Reply(hang_up=True))
+    provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
+    assert asyncio.run(two_replies(provider, pause=0)) == ["tok1 tok2 tok3 tok4 tok5 "] * 2
+    assert len(fake.chat_requests) == 3 and fake.connections == 2

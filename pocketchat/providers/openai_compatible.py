@@ -7,7 +7,7 @@ import json
 import logging
 import re
 import traceback
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 from urllib.parse import unquote, urlsplit, urlunsplit
@@ -29,10 +29,12 @@ DRAIN_SECONDS = 0.1
 KEY_PATTERN = re.compile(r"\b(sk|or|key)-[A-Za-z0-9_\-*]{8,}")
 # The streaming request's pool: at most this many connections open at once (as the SDK's), and a free
 # one kept this many seconds. Longer than the SDK's 5 s: a person reads a reply before writing the next
-# message, and that turn would otherwise open a new connection (TCP and TLS) before its first chunk. A
-# server that closes an idle one sooner (uvicorn after 5 s) is seen closing it: it is not reused.
+# message, and that turn would otherwise open a new connection (TCP and TLS) before its first chunk.
+# Under the 60 s idle timeout of common load balancers (AWS's). A server that closes an idle one
+# sooner (uvicorn after 5 s) is seen closing it: it is not reused; one whose close crosses the request
+# is sent the request again at once (`_post`).
 MAX_CONNECTIONS = 1000
-KEEPALIVE_SECONDS = 60.0
+KEEPALIVE_SECONDS = 55.0
 
 
 class OpenAIProvider:
@@ -184,10 +186,21 @@ class OpenAIProvider:
         """The streaming request, sent with aiohttp directly rather than through the SDK's request
         options, httpx2 and its aiohttp transport (the largest part of a turn's start in a profile);
         what goes wrong raises the SDK's exception for it, so `translate` says the same as before."""
+        data = _json_body(body)
+
+        def send() -> Awaitable[aiohttp.ClientResponse]:
+            return self._pool().post(self._chat_url, data=data, headers=self._chat_headers, timeout=self._chat_timeout)
+
         try:
-            response = await self._pool().post(
-                self._chat_url, data=_json_body(body), headers=self._chat_headers, timeout=self._chat_timeout
-            )
+            try:
+                response = await send()
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as error:
+                if isinstance(error, aiohttp.ClientConnectorError):
+                    raise  # no connection was made: nothing crossed
+                # The server closed (or reset) the connection as the request went out on it: a pooled
+                # connection whose keep-alive ran out at that moment. Sent again at once on another, as
+                # aiohttp does for idempotent requests (a POST it leaves to us).
+                response = await send()
         except TimeoutError as error:  # aiohttp's timeouts are TimeoutErrors
             raise openai.APITimeoutError(request=_named_request(self._chat_url)) from error
         except (aiohttp.ClientError, OSError) as error:
