@@ -10,8 +10,8 @@ against it, in the bench's own process, the leanest read of the same fake:
   the true limit, and a steadier one (a burst of new connections swings the direct read's p99 by 2x);
 - `sdk` (not with --quick): the openai SDK the plain way, `chat.completions.create()`;
 - `provider` (not with --quick): the app's own `OpenAIProvider.open_stream`, without the app;
-- `relay`: the leanest WebSocket app between the same client and the fake (`bench/relay.py`): the
-  floor for any app in between, which the direct read is not (it has no socket to the client).
+- `relay`: a lean WebSocket app between the same client and the fake (`bench/relay.py`): the
+  reference for any app in between, which the direct read is not (it has no socket to the client).
 
 Three measures:
 

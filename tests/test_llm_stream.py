@@ -3,7 +3,7 @@ closes the upstream; a cancellation from elsewhere (a shutdown, a takeover) is n
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
@@ -17,17 +17,23 @@ from utils.llm_stream import StreamResult, stream_llm
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-async def read_until_stopped(fake: FakeOpenAI) -> tuple[StreamResult, list[str]]:
-    """A paced reply, stopped after its third chunk."""
-    provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
-    fake.queue(Reply(count=50, pace=0.05))
+def stopping_after(count: int) -> tuple[asyncio.Event, list[str], Callable[[str, str | None], None]]:
+    """A stop set at the `count`th chunk, the chunks' text as they come, and the `on_chunk` that does both."""
     stop, pieces = asyncio.Event(), []
 
     def on_chunk(content: str, reasoning: str | None) -> None:
         pieces.append(content)
-        if len(pieces) == 3:
+        if len(pieces) == count:
             stop.set()
 
+    return stop, pieces, on_chunk
+
+
+async def read_until_stopped(fake: FakeOpenAI) -> tuple[StreamResult, list[str]]:
+    """A paced reply, stopped after its third chunk."""
+    provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
+    fake.queue(Reply(count=50, pace=0.05))
+    stop, pieces, on_chunk = stopping_after(3)
     try:
         return await stream_llm(provider, MESSAGES, "fake-model", None, on_chunk, stop), pieces
     finally:
@@ -109,13 +115,7 @@ def stopped_after_two_chunks(provider: CancelledQuietlyProvider) -> tuple[Stream
     the task, which goes on a moment after it as a turn would."""
 
     async def read() -> tuple[StreamResult | ProviderError, int]:
-        stop, pieces = asyncio.Event(), []
-
-        def on_chunk(content: str, reasoning: str | None) -> None:
-            pieces.append(content)
-            if len(pieces) == 2:
-                stop.set()
-
+        stop, _, on_chunk = stopping_after(2)
         try:
             outcome: StreamResult | ProviderError = await stream_llm(provider, MESSAGES, "m", None, on_chunk, stop)
         except ProviderError as error:
