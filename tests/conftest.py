@@ -40,6 +40,10 @@ NO_LIMITS = [
 ]
 
 
+class PortTaken(RuntimeError):
+    """The app could not bind its port: another process took it after free_port() chose it."""
+
+
 class AppProcess:
     """`python main.py` in a subprocess on a free loopback port. Under pytest (`forked_apps`), the app
     of this checkout is forked from a process that imported it already (`tests/app_starter.py`)."""
@@ -61,6 +65,7 @@ class AppProcess:
             if env is None or name not in env:
                 self.env.pop(name, None)
         self.process: subprocess.Popen[bytes] | ForkedProcess | None = None
+        self.started = False
         self.clients: list[ChatClient] = []
 
     @property
@@ -72,6 +77,24 @@ class AppProcess:
         return f"ws://127.0.0.1:{self.port}/ws"
 
     def start(self) -> "AppProcess":
+        tries = 3
+        while True:
+            try:
+                return self._start()
+            except PortTaken:
+                tries -= 1
+                if self.started or not tries:
+                    raise  # a restart keeps its address: the test's clients and pages know it
+                self._move_to(free_port())
+
+    def _move_to(self, port: int) -> None:
+        """Serve on another port (before the first start): another process took this one meanwhile."""
+        at = self.args.index("--port") + 1
+        self.args[at] = str(port)
+        self.port = port
+        self.log_path = self.log_path.with_name(f"server-{port}.log")
+
+    def _start(self) -> "AppProcess":
         if AppProcess.forking and self.root == ROOT:
             if AppProcess._starter is None:
                 AppProcess._starter = AppStarter()
@@ -88,9 +111,13 @@ class AppProcess:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
-                raise RuntimeError(f"server exited: {self.logs()}")
+                logs = self.logs()
+                if f"bind on address ('127.0.0.1', {self.port}): address already in use" in logs:
+                    raise PortTaken(logs)
+                raise RuntimeError(f"server exited: {logs}")
             try:
                 with urllib.request.urlopen(self.url + "/healthz", timeout=1):
+                    self.started = True
                     return self
             except OSError:
                 time.sleep(0.05)

@@ -30,11 +30,21 @@ import redis
 
 from pocketchat.store.postgres_connection import describe
 
+# Below every system's ephemeral range (Linux from 32768, macOS from 49152): a port chosen by binding to
+# port 0 comes from that range, where any process's next outgoing connection may take it before the
+# server that was meant to has bound it.
+SERVER_PORTS = range(20000, 32768)
+
 
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A loopback port nothing listens on now, from outside the range outgoing connections draw from."""
+    while True:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", secrets.choice(SERVER_PORTS)))
+            except OSError:
+                continue
+            return probe.getsockname()[1]
 
 
 POSTGRES_ADMIN_URL = os.environ.get("POCKETCHAT_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/test")
