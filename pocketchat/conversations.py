@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pocketchat import errors, protocol
-from pocketchat.errors import NothingToRegenerate, TurnInProgress, UnknownConversation
+from pocketchat.errors import ImportUnderWay, NothingToRegenerate, TurnInProgress, UnknownConversation
 from pocketchat.records import ConversationRecord, ImageRecord, Message, new_id, possible_id
 from pocketchat.store import Store
 from pocketchat.turn_log import InProcessTurnLog, TurnLog
@@ -543,3 +543,21 @@ class Hub:
     def forget(self, conversation_id: str) -> None:
         self._live.pop(conversation_id, None)
         self._unstored.pop(conversation_id, None)
+
+    def gone(self, conversation_id: str) -> None:
+        """It was deleted (here, or by another replica, or with a failed import): its sockets here are
+        told, and let go, and it is forgotten."""
+        if (live := self._live.get(conversation_id)) is not None:
+            live.broadcast(protocol.deleted(conversation_id))
+            for subscriber in list(live.subscribers):
+                subscriber.detach()
+        self.forget(conversation_id)
+
+    async def check_changeable(self, conversation: Conversation) -> None:
+        """ImportUnderWay if an import is still writing the conversation: a failed import deletes it whole,
+        so a message, an upload or a setting of the user's there would go with it. Asked of the database
+        only for a conversation loaded while its import ran, until that has ended."""
+        if conversation.record.importing:
+            if await self.store.importing(conversation.id):
+                raise ImportUnderWay()
+            conversation.record.importing = False

@@ -34,6 +34,16 @@ class UnknownConversation(ProtocolError):
     code = "unknown_conversation"
 
 
+class ImportUnderWay(ProtocolError):
+    """A change to a conversation an import is still writing: should the import fail, the conversation goes
+    with the rest of it, and so would the change. Nothing was changed."""
+
+    code = "importing"
+
+    def __init__(self) -> None:
+        super().__init__("This conversation is still being imported: it can be changed once the import has ended.")
+
+
 class NothingToRegenerate(ProtocolError):
     code = "nothing_to_regenerate"
 

@@ -164,6 +164,9 @@ class ConversationRecord:
     # The conversation's own `temperature`, `top_p` and `max_tokens`: only those set (the provider's
     # default for the others, which are not sent).
     sampling: dict[str, float] = field(default_factory=dict)
+    # Read, never written: an import is still writing it (as read when the conversation was loaded; see
+    # Hub.check_changeable). Should the import fail, it goes with the rest.
+    importing: bool = False
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "ConversationRecord":

@@ -182,9 +182,10 @@ const handlers = {
       newChat(); // it was deleted, or never got a message before the server restarted
       return;
     }
-    if (frame.code === "rate_limited" || frame.code === "images_not_supported") {
+    if (["rate_limited", "images_not_supported", "importing"].includes(frame.code)) {
       // The message was not sent: it goes back in the box (its images stay above it), and the notice
-      // says why: how long to wait, or that the model cannot see images.
+      // says why: how long to wait, that the model cannot see images, or that an import still writes
+      // this conversation.
       if (state.lastSent && !ui.input.value) {
         ui.input.value = state.lastSent;
         autosize();

@@ -5,6 +5,7 @@ bad file is refused with nothing stored; an import is its importer's, under new 
 
 import copy
 import json
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -266,6 +267,87 @@ def test_an_import_cut_short_by_a_crash_keeps_nothing_of_it(mode, start_app):
     assert seen["status"] == "failed" and "stopped before it finished" in seen["error"]
     assert "nothing of it was kept" in seen["error"] and 0 < seen["imported"] < 3000
     assert listed(b, **ALICE) == before
+
+
+def first_imported(app: AppProcess, job: dict[str, Any]) -> str:
+    """The id of a conversation the import under way has written, once it has written one."""
+    deadline = time.monotonic() + 60
+    while not (ids := list(listed(app, **ALICE))):
+        assert time.monotonic() < deadline, "the import wrote nothing"
+        time.sleep(0.02)
+    return ids[0]
+
+
+def test_a_conversation_an_import_is_still_writing_can_be_read_but_not_changed_until_it_ends(mode, start_app, fake):
+    """Should the import fail, the conversation goes whole: a message, an upload or a setting of the
+    user's there would go with it. They are refused, with why, and nothing is changed, until it ends."""
+    app = start_app("--auth", "header")
+    status, job = post_import(app, trips(1500), **ALICE)
+    assert status == 202
+    path = f"/api/imports/{job['id']}"
+    conversation_id = first_imported(app, job)
+    page = app.client(**ALICE)
+    ready = page.hello(conversation_id)
+    assert ready["conversation_id"] == conversation_id and ready["history"]  # it can be read
+    for frame in ({"type": "message", "content": "Hello there"}, {"type": "regenerate"}):
+        page.send(**frame)
+        refused = page.until("error")[-1]
+        assert refused["code"] == "importing" and "still being imported" in refused["message"], refused
+    changed = call(app, "PATCH", f"/api/conversations/{conversation_id}", b'{"title": "Mine"}',
+                   **{"Content-Type": "application/json", **ALICE})  # fmt: skip
+    assert changed[0] == 409 and "still being imported" in changed[1]["detail"]
+    body, content_type = multipart("notes.txt", b"wombats")
+    uploaded = call(app, "POST", f"/api/conversations/{conversation_id}/documents", body,
+                    **{"Content-Type": content_type, **ALICE})  # fmt: skip
+    assert uploaded[0] == 409 and "still being imported" in uploaded[1]["detail"]
+    assert call(app, "GET", path, **ALICE)[1]["status"] == "importing"  # all of that while it ran
+    while call(app, "GET", path, **ALICE)[1]["status"] == "importing":
+        time.sleep(0.1)
+    before = exported(app, conversation_id, **ALICE)
+    assert before["conversation"]["title"] != "Mine" and "Hello there" not in json.dumps(before)
+    fake.queue(Reply(tokens=["Welcome ", "back."]))
+    frames = page.turn("Hello again")  # the same copy, loaded while the import ran
+    assert reply_text(frames) == "Welcome back." and frames[-1]["status"] == "complete"
+    assert call(app, "PATCH", f"/api/conversations/{conversation_id}", b'{"title": "Mine"}',
+                **{"Content-Type": "application/json", **ALICE})[0] == 200  # fmt: skip
+
+
+def test_the_pages_on_a_conversation_of_a_failed_import_are_told_it_is_gone(mode, start_app):
+    """One process: the database refuses the import's next batch (another process holds SQLite's write
+    lock past its busy timeout), and the import fails. Replicas: the importing replica is killed, and
+    the other one, asked how the import went, deletes what it wrote. Either way, a page showing one of
+    its conversations gets `deleted` (it showed it until a reload before)."""
+    a = start_app("--auth", "header")
+    b = start_app("--auth", "header") if mode == "replicas" else a
+    status, job = post_import(a, trips(3000), **ALICE)
+    assert status == 202
+    path = f"/api/imports/{job['id']}"
+    conversation_id = first_imported(b, job)
+    page = b.client(**ALICE)
+    page.hello(conversation_id)
+    if mode == "single":
+        lock = sqlite3.connect(a.db_path, isolation_level=None)
+        lock.execute("BEGIN IMMEDIATE")
+        try:
+            deleted = page.until("deleted", timeout=30)[-1]
+        finally:
+            lock.execute("ROLLBACK")
+            lock.close()
+    else:
+        a.kill()
+        deadline = time.monotonic() + 30  # a heartbeat's life, then 10 s of no news (as above)
+        while call(b, "GET", path, **ALICE)[1]["status"] == "importing":
+            assert time.monotonic() < deadline, "a dead replica's import still says it is importing"
+            time.sleep(0.2)
+        deleted = page.until("deleted", timeout=10)[-1]
+    assert deleted["conversation_id"] == conversation_id
+    assert call(b, "GET", path, **ALICE)[1]["status"] == "failed"
+    deadline = time.monotonic() + 30  # a deletion the database refused is written again (every 2 s)
+    while listed(b, **ALICE):
+        assert time.monotonic() < deadline, "the failed import's conversations are still listed"
+        time.sleep(0.1)
+    page.send("hello", conversation_id=conversation_id)
+    assert page.until("error")[-1]["code"] == "unknown_conversation"
 
 
 def reading(process: psutil.Process) -> bool:

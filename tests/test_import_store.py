@@ -157,6 +157,29 @@ def test_an_import_taken_for_stopped_while_it_runs_fails_whole(store, tmp_path, 
     assert left == [] and running == []
 
 
+def test_a_conversation_reads_as_importing_until_its_import_ends_and_an_undo_names_what_it_deleted(store):
+    """What the hub asks before a change (a failed import deletes the conversation whole), and what the app
+    tells the pages of: the conversations a failed import deleted."""
+
+    async def scenario() -> Any:
+        async with opened(store) as db:
+            done, failed = titled("done"), titled("failed")
+            for import_id, trees in (("import-done", done), ("import-failed", failed)):
+                await db.begin_import(import_id, "replica-1")
+                await db.import_conversations("alice", trees, import_id)
+            loaded = await db.load(done[0].id)
+            under_way = (loaded[0].importing, await db.importing(done[0].id))
+            await db.finish_import("import-done")
+            loaded = await db.load(done[0].id)
+            ended = (loaded[0].importing, await db.importing(done[0].id))
+            undone = await db.undo_import("import-failed")
+            return under_way, ended, undone, [await db.load(tree.id) for tree in failed], {tree.id for tree in failed}
+
+    under_way, ended, undone, left, failed_ids = asyncio.run(scenario())
+    assert under_way == (True, True) and ended == (False, False)
+    assert set(undone) == failed_ids and len(undone) == 2 and left == [None, None]
+
+
 @pytest.mark.parametrize("count", [3])
 def test_an_import_writes_every_conversation_with_the_apps_defaults(store, tmp_path, count):
     async def scenario() -> Any:

@@ -1,18 +1,15 @@
 """Import and JSON export in the page, in real Chromium against the app: a ChatGPT file picked with
-Import…, its progress shown, its conversations listed and opened; a bad file's reason said; the Export
-JSON link gives our format."""
-
-import json
-from pathlib import Path
+Import…, its progress shown, its conversations listed and opened; a message in one still being imported
+kept in its box with why; a bad file's reason said; the Export JSON link gives our format."""
 
 import pytest
 from playwright.sync_api import Page, expect
 
+from tests.test_import import trips
+from tests.test_page import send
 from tests.test_page_documents import opened
 
 pytestmark = pytest.mark.browser
-
-CHATGPT = Path(__file__).parent / "files" / "chatgpt_conversations.json"
 
 
 def pick(page: Page, name: str, data: bytes) -> None:
@@ -23,10 +20,8 @@ def pick(page: Page, name: str, data: bytes) -> None:
 
 def test_a_chatgpt_file_is_imported_with_its_progress_shown_and_listed(browser, start_app):
     app = start_app()
-    lisbon = json.loads(CHATGPT.read_text())[0]
-    many = [lisbon | {"title": f"Trip {number}"} for number in range(300)]
     with opened(browser, app) as page:
-        pick(page, "conversations.json", json.dumps(many).encode())
+        pick(page, "conversations.json", trips(300))
         status = page.locator("#import-status")
         expect(status).to_contain_text("Importing:", timeout=20_000)
         expect(status).to_contain_text("Imported 300 conversations.", timeout=60_000)
@@ -39,6 +34,20 @@ def test_a_chatgpt_file_is_imported_with_its_progress_shown_and_listed(browser, 
         assert href and href.endswith("/export.json")
         exported = page.evaluate("async (url) => (await fetch(url)).json()", href)
         assert exported["format"] == "pocketchat.conversation" and len(exported["messages"]) == 7
+
+
+def test_a_message_in_a_conversation_still_being_imported_is_kept_in_the_box_with_why(browser, start_app):
+    app = start_app()
+    with opened(browser, app) as page:
+        pick(page, "conversations.json", trips(1500))
+        page.get_by_role("button", name="Trip 0", exact=True).click()  # listed as soon as it is written
+        expect(page.locator("#title")).to_have_text("Trip 0")
+        send(page, "Can we add Porto?")
+        notice = page.locator(".message.notice-only .notice")
+        expect(notice).to_contain_text("still being imported")
+        expect(page.locator("#input")).to_have_value("Can we add Porto?")
+        expect(page.locator("#import-status")).to_contain_text("Importing:")  # while it ran
+        expect(page.locator("#transcript")).not_to_contain_text("Can we add Porto?", use_inner_text=True)
 
 
 def test_a_bad_file_is_refused_with_its_reason(browser, start_app):

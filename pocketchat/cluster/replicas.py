@@ -345,11 +345,8 @@ class Replicas:
             # (A turn that started meanwhile shows its own path: the switch came too late for it.)
             live.show(event["leaf"])
             live.broadcast_text(live.path_frame())
-        elif kind == "deleted" and live is not None:
-            live.broadcast(protocol.deleted(conversation_id))
-            for subscriber in list(live.subscribers):
-                subscriber.detach()
-            self.hub.forget(conversation_id)
+        elif kind == "deleted":
+            self.hub.gone(conversation_id)
 
     # ---- imports (a page may ask any replica how far one got) -----------------------------------
 

@@ -115,8 +115,11 @@ class Store(Protocol):
 
     def finish_import(self, import_id: str) -> asyncio.Future[None]: ...
 
-    def undo_import(self, import_id: str) -> asyncio.Future[None]:
-        """Delete the conversations the unfinished import wrote, and stop it writing more."""
+    def undo_import(self, import_id: str) -> asyncio.Future[list[str]]:
+        """Delete the conversations the unfinished import wrote, and stop it writing more; their ids."""
+
+    async def importing(self, conversation_id: str) -> bool:
+        """Whether an import is still writing the conversation (it goes whole if the import fails)."""
 
     async def running_imports(self) -> list[tuple[str, str, float]]:
         """Each unfinished import: its id, the replica writing it, when its last batch landed (time.time())."""

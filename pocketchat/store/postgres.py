@@ -39,7 +39,7 @@ from pocketchat.store.postgres_search import PostgresSearch
 from pocketchat.store.postgres_shares import PostgresShares
 from pocketchat.store.postgres_transfer import PostgresTransfer
 from pocketchat.store.queued import QueuedStore, Row
-from pocketchat.store.transfer import PARTIAL
+from pocketchat.store.transfer import IMPORTING, PARTIAL
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -210,7 +210,9 @@ class PostgresStore(
         async def work(db: asyncpg.Connection) -> tuple[ConversationRecord, list[Message]] | None:
             # One snapshot: the messages are those of the conversation as read, not of a later write.
             async with db.transaction(isolation="repeatable_read", readonly=True):
-                query = f"SELECT {CONVERSATION_READ} FROM conversations WHERE id = $1 AND id NOT IN {PARTIAL}"
+                query = (
+                    f"SELECT {CONVERSATION_READ}, {IMPORTING} FROM conversations WHERE id = $1 AND id NOT IN {PARTIAL}"
+                )
                 row = await db.fetchrow(query, conversation_id)
                 if row is None:
                     return None
@@ -218,7 +220,9 @@ class PostgresStore(
                 messages = [Message.from_row(message) for message in await db.fetch(query, conversation_id)]
                 query = f"SELECT {IMAGE_COLUMNS} FROM images WHERE conversation_id = $1 AND message_id IS NOT NULL"
                 images = await db.fetch(query + " ORDER BY created_at, id", conversation_id)
-                return ConversationRecord.from_row(row), with_images(messages, map(ImageRecord.from_row, images))
+                record = ConversationRecord.from_row(row)
+                record.importing = row["importing"]
+                return record, with_images(messages, map(ImageRecord.from_row, images))
 
         return await self._read(work)
 

@@ -30,7 +30,8 @@ INSERT_CONVERSATION = _insert("conversations", CONVERSATION_COLUMNS)
 INSERT_MESSAGE = _insert("messages", MESSAGE_COLUMNS)
 INSERT_UNFINISHED = _insert("unfinished_imports", UNFINISHED_COLUMNS)
 TOLD = "UPDATE running_imports SET told_at = $1 WHERE id = $2"
-UNDO = "DELETE FROM conversations WHERE id IN (SELECT conversation_id FROM unfinished_imports WHERE import_id = $1)"
+UNDONE = "SELECT conversation_id FROM unfinished_imports WHERE import_id = $1"
+UNDO = f"DELETE FROM conversations WHERE id IN ({UNDONE})"
 
 
 class PostgresTransfer:
@@ -95,16 +96,23 @@ class PostgresTransfer:
 
         return self._write(work, None, retry=False)
 
-    def undo_import(self, import_id: str) -> asyncio.Future[None]:
+    def undo_import(self, import_id: str) -> asyncio.Future[list[str]]:
         """Delete the conversations the unfinished import wrote, and it (written again until the database
-        takes it); a batch of it still queued writes nothing."""
+        takes it); a batch of it still queued writes nothing. The ids of the conversations deleted."""
 
-        async def work(db: asyncpg.Connection) -> None:
+        async def work(db: asyncpg.Connection) -> list[str]:
             # Its row first: a batch in flight on another replica holds it, and lands before this goes on.
             await db.execute("DELETE FROM running_imports WHERE id = $1", import_id)
+            undone = [row[0] for row in await db.fetch(UNDONE, import_id)]
             await db.execute(UNDO, import_id)
+            return undone
 
         return self._write(work, None)
+
+    async def importing(self, conversation_id: str) -> bool:
+        """Whether an import is still writing the conversation."""
+        query = "SELECT 1 FROM unfinished_imports WHERE conversation_id = $1"
+        return await self._read(lambda db: db.fetchval(query, conversation_id)) is not None
 
     async def running_imports(self) -> list[tuple[str, str, float]]:
         """The imports not ended: each with the replica writing it and when its last batch landed."""

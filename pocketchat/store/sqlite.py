@@ -31,7 +31,7 @@ from pocketchat.store.sqlite_schema import migrate
 from pocketchat.store.sqlite_search import SqliteSearch
 from pocketchat.store.sqlite_shares import SqliteShares
 from pocketchat.store.sqlite_transfer import SqliteTransfer
-from pocketchat.store.transfer import PARTIAL
+from pocketchat.store.transfer import IMPORTING, PARTIAL
 from pocketchat.store.writes import Database, Job, JobFailed
 
 logger = logging.getLogger(__name__)
@@ -240,7 +240,7 @@ class SqliteStore(SqliteShares, SqliteAttachments, SqliteSearch, SqliteTransfer,
 
     async def load(self, conversation_id: str) -> tuple[ConversationRecord, list[Message]] | None:
         def work(db: sqlite3.Connection) -> tuple[ConversationRecord, list[Message]] | None:
-            query = f"SELECT * FROM conversations WHERE id = ? AND id NOT IN {PARTIAL}"
+            query = f"SELECT *, {IMPORTING} FROM conversations WHERE id = ? AND id NOT IN {PARTIAL}"
             row = db.execute(query, (conversation_id,)).fetchone()
             if row is None:
                 return None
@@ -248,7 +248,9 @@ class SqliteStore(SqliteShares, SqliteAttachments, SqliteSearch, SqliteTransfer,
             messages = [Message.from_row(message) for message in rows]
             query = f"SELECT {IMAGE_COLUMNS} FROM images WHERE conversation_id = ? AND message_id IS NOT NULL"
             images = db.execute(query + " ORDER BY created_at, id", (conversation_id,))
-            return ConversationRecord.from_row(row), with_images(messages, map(ImageRecord.from_row, images))
+            record = ConversationRecord.from_row(row)
+            record.importing = bool(row["importing"])
+            return record, with_images(messages, map(ImageRecord.from_row, images))
 
         return await self._read(work)
 

@@ -29,7 +29,8 @@ INSERT_MESSAGE = _insert("messages", MESSAGE_COLUMNS)
 INSERT_UNFINISHED = _insert("unfinished_imports", UNFINISHED_COLUMNS)
 BEGIN = "INSERT INTO running_imports (id, replica, told_at) VALUES (?, ?, ?)"
 TOLD = "UPDATE running_imports SET told_at = ? WHERE id = ?"
-UNDO = "DELETE FROM conversations WHERE id IN (SELECT conversation_id FROM unfinished_imports WHERE import_id = ?)"
+UNDONE = "SELECT conversation_id FROM unfinished_imports WHERE import_id = ?"
+UNDO = f"DELETE FROM conversations WHERE id IN ({UNDONE})"
 
 
 class SqliteTransfer:
@@ -93,15 +94,22 @@ class SqliteTransfer:
 
         return self._write(work, None, retry=False)
 
-    def undo_import(self, import_id: str) -> asyncio.Future[None]:
+    def undo_import(self, import_id: str) -> asyncio.Future[list[str]]:
         """Delete the conversations the unfinished import wrote, and it (written again until the database
-        takes it); a batch of it still queued writes nothing."""
+        takes it); a batch of it still queued writes nothing. The ids of the conversations deleted."""
 
-        def work(db: sqlite3.Connection) -> None:
+        def work(db: sqlite3.Connection) -> list[str]:
             db.execute("DELETE FROM running_imports WHERE id = ?", (import_id,))
+            undone = [row[0] for row in db.execute(UNDONE, (import_id,))]
             db.execute(UNDO, (import_id,))
+            return undone
 
         return self._write(work, None)
+
+    async def importing(self, conversation_id: str) -> bool:
+        """Whether an import is still writing the conversation."""
+        query = "SELECT 1 FROM unfinished_imports WHERE conversation_id = ?"
+        return await self._read(lambda db: db.execute(query, (conversation_id,)).fetchone() is not None)
 
     async def running_imports(self) -> list[tuple[str, str, float]]:
         """The imports not ended: each with the replica writing it and when its last batch landed."""

@@ -23,6 +23,8 @@ MESSAGE_COLUMNS = (
 UNFINISHED_COLUMNS = ("conversation_id", "import_id", "partial")
 # The conversations an import is still writing in parts (a long one): no one lists, opens or finds them.
 PARTIAL = "(SELECT conversation_id FROM unfinished_imports WHERE partial)"
+# Whether a conversation read is one an import is still writing (it changes nothing until that ends).
+IMPORTING = "id IN (SELECT conversation_id FROM unfinished_imports) AS importing"
 
 
 class ImportStopped(Exception):

@@ -63,6 +63,7 @@ class ImportJob:
     imported: int = 0
     error: str | None = None
     ended_at: float | None = None
+    written: list[str] = field(default_factory=list)  # the ids of the conversations written so far
 
     def to_wire(self) -> dict[str, Any]:
         wire = {"id": self.id, "status": self.status, "total": self.total, "imported": self.imported}
@@ -110,6 +111,8 @@ class Imports:
         self._reading: set[str] = set()  # owners whose file is being checked
         self._readers = asyncio.Semaphore(READERS)
         self._sweeping: asyncio.Task[None] | None = None
+        # Told of each conversation a failed import deleted (the app tells the pages that show it).
+        self.gone: Callable[[str], None] = lambda conversation_id: None
 
     async def state(self, import_id: str, owner: str) -> dict[str, Any] | None:
         """How far the import by that id got (what `GET /api/imports/{id}` says), if it is this owner's:
@@ -140,7 +143,7 @@ class Imports:
                 left.add(import_id)
                 continue
             try:
-                await self.store.undo_import(import_id)  # kept and written again if the database refuses it
+                undone = await self.store.undo_import(import_id)  # kept and written again if the database refuses it
             except Exception as error:
                 logger.warning(
                     "import %s stopped with %s: its writes are not deleted yet: %s", import_id[:6], replica, error
@@ -148,6 +151,8 @@ class Imports:
                 left.add(import_id)
             else:
                 logger.warning("import %s stopped with %s: its writes are deleted", import_id[:6], replica)
+                for conversation_id in undone:
+                    self.gone(conversation_id)
         return left
 
     async def sweep(self) -> None:
@@ -274,6 +279,7 @@ class Imports:
 
     async def _write_batch(self, job: ImportJob, batch: list[ConversationTree]) -> None:
         await self.store.import_conversations(job.owner, batch, job.id)
+        job.written += [tree.id for tree in batch]
         job.imported += len(batch)
         await self._tell(job)
         await asyncio.sleep(PAUSE_SECONDS)  # an import is never urgent: the writer serves chats first
@@ -286,6 +292,7 @@ class Imports:
         messages, leaf_id = tree.messages, tree.leaf_id
         tree.messages, tree.leaf_id = messages[:BATCH_MESSAGES], None
         await self.store.import_conversations(job.owner, [tree], job.id, partial=True)
+        job.written.append(tree.id)
         for start in range(BATCH_MESSAGES, len(messages), BATCH_MESSAGES):
             last = start + BATCH_MESSAGES >= len(messages)
             await self.store.import_messages(tree.id, messages[start : start + BATCH_MESSAGES], job.id, last, leaf_id)
@@ -295,13 +302,17 @@ class Imports:
         await asyncio.sleep(PAUSE_SECONDS)
 
     async def _undo(self, job: ImportJob) -> None:
-        """Delete what the import wrote: none of it stays. (Queued behind a batch still in flight.)"""
+        """Delete what the import wrote: none of it stays. (Queued behind a batch still in flight.) The
+        pages that show one of its conversations are told it is gone, also when the database refused the
+        deletion for now: it is kept and written again."""
         try:
             await self.store.undo_import(job.id)
         except Exception:
             logger.exception("import %s: could not delete the %d conversations it wrote", job.id[:6], job.imported)
         else:
             job.imported = 0
+        for conversation_id in job.written:
+            self.gone(conversation_id)
 
     def _forget_old(self) -> None:
         now = time.monotonic()

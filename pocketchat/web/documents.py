@@ -38,7 +38,7 @@ async def take_upload(
     """An upload to the user's conversation (a document, an image): `add(conversation_id, owner, name, file,
     size)`, then 201 with what it became; refused, its HTTP status with why (nothing stored)."""
     try:
-        async with borrowed(request, conversation_id) as conversation:
+        async with borrowed(request, conversation_id, changing=True) as conversation:
             # Stored now if it is new: what is uploaded to it belongs to it in the database.
             await chat_state(request.app).hub.ensure_stored(conversation)
             added = await add(conversation.id, conversation.record.owner, file.filename, file.file, file.size or 0)

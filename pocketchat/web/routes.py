@@ -98,14 +98,19 @@ async def list_conversations(request: Request) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def borrowed(request: Request, conversation_id: str) -> AsyncIterator[Conversation]:
+async def borrowed(request: Request, conversation_id: str, changing: bool = False) -> AsyncIterator[Conversation]:
     """The user's conversation for one HTTP request (404 if they have none by that id), shared with its
-    sockets."""
+    sockets; `changing` it: 409 while an import is still writing it."""
     try:
-        async with chat_state(request.app).hub.borrow(conversation_id, user_of(request)) as conversation:
+        hub = chat_state(request.app).hub
+        async with hub.borrow(conversation_id, user_of(request)) as conversation:
+            if changing:
+                await hub.check_changeable(conversation)
             yield conversation
     except errors.UnknownConversation as error:
         raise HTTPException(404, error.message) from None
+    except errors.ImportUnderWay as error:
+        raise HTTPException(409, error.message) from None
     except (StorageError, Unavailable) as error:
         raise HTTPException(503, error.message) from None
     except TimeoutError:
@@ -172,7 +177,7 @@ async def change_conversation(request: Request, conversation_id: str, changes: C
     """Rename, or change the model, system prompt, tools or sampling of later turns; attached sockets are told."""
     await count_change(request)
     state = chat_state(request.app)
-    async with borrowed(request, conversation_id) as conversation:
+    async with borrowed(request, conversation_id, changing=True) as conversation:
         record = conversation.record
         fields = changes.model_dump(exclude_none=True, exclude={"sampling"})
         if changes.sampling is not None:
@@ -211,11 +216,7 @@ async def delete_conversation(request: Request, conversation_id: str) -> None:
         except BaseException:
             conversation.deleting = False  # still there: it can be used, or deleted again
             raise
-        conversation.broadcast(protocol.deleted(conversation.id))
-        state.coordinator.deleted(conversation.id)  # other replicas tell their sockets
-        for subscriber in list(conversation.subscribers):
-            subscriber.detach()
-        state.hub.forget(conversation.id)
+        state.conversation_gone(conversation.id)  # its sockets are told, here and on the other replicas
 
 
 @router.get("/api/conversations/{conversation_id}/export.md", response_class=PlainTextResponse)

@@ -279,6 +279,7 @@ class Client:
             else:
                 await self.state.images.check_copies(conversation.id, self.user, answered.images)
                 begin = functools.partial(conversation.begin_edit, frame.message_id, frame.content)
+        await self.state.hub.check_changeable(conversation)
         await begin_turn(self.state, conversation, begin, self.user, self.tools)
 
     async def switch(self, conversation: Conversation, message_id: str) -> None:
