@@ -99,12 +99,24 @@ def test_a_provider_that_accepts_and_never_answers_sent_nothing():
 
 
 def test_a_stream_that_stalls_midway_sent_nothing(fake):
-    fake.queue(Reply(count=5, stall_after=2))
+    # Paced: the chunks before the stall come while the reader reads (its idle watch then bounds the stall).
+    fake.queue(Reply(count=8, pace=0.05, stall_after=4))
     url = f"http://127.0.0.1:{fake.port}/v1"
     provider = OpenAIProvider(url, "sk-test", "fake-model", idle_limit=0.3)
     chunks, error, _ = asyncio.run(reply_or_error(provider))
-    assert len(chunks) >= 2
+    assert len(chunks) >= 4
     assert error is not None and error.message == f"The provider at {url}/ sent nothing for 0.3 s."
+
+
+def test_a_stream_whose_every_pause_is_under_the_idle_limit_is_read_whole(fake):
+    # The idle watch rings once per limit, not at each read: when it rings, bytes that came since count.
+    fake.queue(Reply(count=8, pace=0.2))
+    provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=0.3)
+    chunks, error, seconds = asyncio.run(reply_or_error(provider))
+    assert error is None and seconds > 1.4  # five times the limit, in pauses under it
+    assert (
+        sum(1 for c in chunks if isinstance(c, dict) and c["choices"] and c["choices"][0]["delta"].get("content")) == 8
+    )
 
 
 def test_a_refused_connection_says_why():
@@ -123,9 +135,14 @@ class Arriving:
 
     url = "http://provider/v1/chat/completions"
 
+    connection = None  # the whole body is here already: nothing left to read from a connection
+
     def __init__(self, pieces: tuple[bytes, ...]) -> None:
         self.content = self
         self._pieces = iter(pieces)
+
+    def close(self) -> None:
+        """What the idle watch calls (it never does here: every piece is here at once)."""
 
     async def iter_any(self) -> AsyncIterator[bytes]:
         for piece in self._pieces:
@@ -136,7 +153,7 @@ def read_events(*pieces: bytes) -> list[object]:
     """The chunks the provider's SSE reader gets from a response body that arrives in `pieces`."""
 
     async def read() -> list[object]:
-        return [chunk async for chunk in _chunks(Arriving(pieces), lambda error: error)]  # type: ignore[arg-type]
+        return [chunk async for chunk in _chunks(Arriving(pieces), lambda error: error, 5.0)]  # type: ignore[arg-type]
 
     return asyncio.run(read())
 

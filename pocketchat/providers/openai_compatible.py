@@ -177,7 +177,7 @@ class OpenAIProvider:
         except openai.OpenAIError as error:
             raise self.translate(error) from None
         try:
-            yield _chunks(response, functools.partial(self.translate, streaming=True))
+            yield _chunks(response, functools.partial(self.translate, streaming=True), self.idle_limit)
         finally:
             # A response not read to its end closes its connection here: the provider sees it.
             response.release()
@@ -287,18 +287,47 @@ class OpenAIProvider:
             await self._session.close()
 
 
+class IdleWatch:
+    """Closes a response whose provider sent nothing for `limit` seconds. aiohttp's `sock_read` does that
+    by cancelling a timer and making a new one at every network read, a twentieth of the app's CPU in a
+    burst of streams (README, Benchmarks); this timer rings once per `limit` at most, and then looks at
+    when bytes last came (`last`, which the reader sets): it rings again for the rest, or closes."""
+
+    def __init__(self, response: aiohttp.ClientResponse, limit: float) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.response, self.limit = response, limit
+        self.last = self.loop.time()
+        self.rang = False
+        self._timer = self.loop.call_at(self.last + limit, self._ring)
+
+    def _ring(self) -> None:
+        if (due := self.last + self.limit) > self.loop.time():
+            self._timer = self.loop.call_at(due, self._ring)
+            return
+        self.rang = True
+        self.response.close()
+
+    def cancel(self) -> None:
+        self._timer.cancel()
+
+
 async def _chunks(
-    response: aiohttp.ClientResponse, translate: Callable[[openai.OpenAIError], Exception]
+    response: aiohttp.ClientResponse, translate: Callable[[openai.OpenAIError], Exception], idle_limit: float
 ) -> AsyncIterator[Chunk]:
     """The chunks of a chat completion's server-sent events, each `data` parsed as JSON, as the SDK's
     AsyncStream reads them (an `error` in one is an APIError; `[DONE]` ends them), but with one split
     per network read rather than work per line, and orjson (README, Benchmarks). What goes wrong raises
     the SDK's exception for it as `translate` makes it (here, not in a generator around this one: each
-    layer costs every chunk)."""
+    layer costs every chunk). A silence of `idle_limit` seconds ends them as aiohttp's read timeout,
+    which bounded the wait for the response's head, did: it is switched off for the body."""
+    if response.connection is not None:  # None: the whole body came with the head
+        response.connection.protocol.read_timeout = None
+    idle = IdleWatch(response, idle_limit)
     rest = b""  # the start of a line not ended yet
     data: list[bytes] = []  # the `data` lines of the event being read
     try:
         async for received in response.content.iter_any():
+            idle.last = idle.loop.time()
             lines = (rest + received).split(b"\n")
             rest = lines.pop()
             for line in lines:
@@ -320,12 +349,17 @@ async def _chunks(
                     error = chunk["error"]
                     raise translate(openai.APIError(_stream_error_message(error), request, body=error))
                 yield chunk
-    except TimeoutError as error:  # aiohttp's read timeout
-        timed_out = openai.APITimeoutError(request=_named_request(str(response.url)))
-        raise translate(_caused_by(timed_out, error)) from None
-    except (aiohttp.ClientError, OSError) as error:
+        if idle.rang:  # the body ended where the watch closed it
+            raise TimeoutError
+    except (aiohttp.ClientError, OSError) as error:  # a TimeoutError is an OSError
+        if isinstance(error, TimeoutError) or idle.rang:  # aiohttp's read timeout, or the watch's
+            timed_out = openai.APITimeoutError(request=_named_request(str(response.url)))
+            cause = error if isinstance(error, TimeoutError) else TimeoutError()
+            raise translate(_caused_by(timed_out, cause)) from None
         cut = openai.APIConnectionError(request=_named_request(str(response.url)))
         raise translate(_caused_by(cut, error)) from None
+    finally:
+        idle.cancel()
 
 
 def _caused_by(error: openai.OpenAIError, cause: BaseException) -> openai.OpenAIError:
