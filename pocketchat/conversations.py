@@ -548,6 +548,7 @@ class Hub:
         """It was deleted (here, or by another replica, or with a failed import): its sockets here are
         told, and let go, and it is forgotten."""
         if (live := self._live.get(conversation_id)) is not None:
+            live.deleting = True  # whoever still holds this copy (a hello that was loading it) cannot use it
             live.broadcast(protocol.deleted(conversation_id))
             for subscriber in list(live.subscribers):
                 subscriber.detach()
@@ -558,6 +559,10 @@ class Hub:
         so a message, an upload or a setting of the user's there would go with it. Asked of the database
         only for a conversation loaded while its import ran, until that has ended."""
         if conversation.record.importing:
-            if await self.store.importing(conversation.id):
+            state = await self.store.import_state(conversation.id)
+            if state == "gone":  # the import failed, and this copy was not told (another replica's news lost)
+                self.gone(conversation.id)
+                raise UnknownConversation(UNKNOWN)
+            if state == "importing":
                 raise ImportUnderWay()
             conversation.record.importing = False

@@ -54,7 +54,7 @@ class AppState:
         self.default_model = settings.model
         # Imported conversations whose file names no model get the app's default.
         self.imports = Imports(settings, store, lambda: self.default_model or "", self.coordinator)
-        self.imports.gone = self.conversation_gone  # a failed import's conversations: their pages are told
+        self.imports.gone = self.conversations_gone  # a failed import's conversations: their pages are told
         self._resolving: asyncio.Task[None] | None = None
         self.draining = False  # SIGTERM: the running replies may finish before shutdown stops them
         self._sockets: dict[str, set[SignedInSocket]] = {}  # by session id
@@ -81,10 +81,11 @@ class AppState:
             self.resolve_default_model()
         return self.hub.create(owner, self.default_model or "", self.settings.system_prompt)
 
-    def conversation_gone(self, conversation_id: str) -> None:
-        """It was deleted: its sockets here and on every other replica are told (`deleted`), and let go."""
-        self.hub.gone(conversation_id)
-        self.coordinator.deleted(conversation_id)
+    def conversations_gone(self, conversation_ids: list[str]) -> None:
+        """They were deleted: their sockets here and on every other replica are told (`deleted`), and let go."""
+        for conversation_id in conversation_ids:
+            self.hub.gone(conversation_id)
+        self.coordinator.deleted(conversation_ids)
 
     def tell_documents(self, conversation_id: str, frame: dict[str, Any]) -> None:
         """A `document` frame, to the conversation's sockets here and on every other replica."""

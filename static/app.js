@@ -36,6 +36,7 @@ const state = {
   provider: null, // ready.provider: who answers
   running: null, // {turnId, seq, view}
   lastSent: null, // the last message sent, put back in the box if the server refuses it
+  closeEdit: null, // closes the editor of the edit sent, once its turn starts (a refused one stays open)
   models: [],
   vision: null, // the models that see images (null: not known yet)
   reveal: null, // {conversationId, messageId}: a search hit to show once its conversation is drawn
@@ -110,6 +111,8 @@ const handlers = {
 
   turn_start(frame) {
     state.lastSent = null; // accepted
+    state.closeEdit?.();
+    state.closeEdit = null;
     images.sent(frame.message.images ?? []);
     if (!makeRoomAfter(transcript, frame.message.parent_id)) {
       connection.send(helloFrame()); // its parent is not on screen: resync from the server
@@ -183,9 +186,10 @@ const handlers = {
       return;
     }
     if (["rate_limited", "images_not_supported", "importing"].includes(frame.code)) {
-      // The message was not sent: it goes back in the box (its images stay above it), and the notice
-      // says why: how long to wait, that the model cannot see images, or that an import still writes
-      // this conversation.
+      // The message was not sent: it goes back in the box (its images stay above it), an edit stays in
+      // its editor, and the notice says why: how long to wait, that the model cannot see images, or
+      // that an import still writes this conversation.
+      state.closeEdit = null;
       if (state.lastSent && !ui.input.value) {
         ui.input.value = state.lastSent;
         autosize();
@@ -450,7 +454,10 @@ function startEdit(view) {
   const close = () => { editor.remove(); view.body.hidden = false; };
   cancel.addEventListener("click", close);
   save.addEventListener("click", () => {
-    if (box.value.trim() && connection.send({ type: "edit", message_id: view.id, content: box.value })) close();
+    if (box.value.trim() && connection.send({ type: "edit", message_id: view.id, content: box.value })) {
+      state.lastSent = null; // an edit is not put back in the message box
+      state.closeEdit = close;
+    }
   });
   box.addEventListener("keydown", (event) => {
     if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); save.click(); }
@@ -493,7 +500,7 @@ $("transcript").addEventListener("click", (event) => {
   if (!button) return;
   if (button.classList.contains("copy")) { copyCode(button); return; }
   const view = transcript.find(button.closest(".message")?.dataset.id);
-  if (button.dataset.action === "regenerate") connection.send({ type: "regenerate" });
+  if (button.dataset.action === "regenerate" && connection.send({ type: "regenerate" })) state.lastSent = null;
   if (button.dataset.action === "switch") connection.send(switchFrame(button));
   if (button.dataset.action === "edit" && view) startEdit(view);
   if (button.dataset.action === "copy-reply" && view) navigator.clipboard.writeText(view.message.content).catch(() => {});

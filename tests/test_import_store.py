@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from pocketchat.cluster.local import LocalCoordinator
+from pocketchat.conversations import Hub
+from pocketchat.errors import ImportUnderWay, UnknownConversation
 from pocketchat.search import parse_query
 from pocketchat.settings import Settings
 from pocketchat.store import Store
@@ -158,8 +160,8 @@ def test_an_import_taken_for_stopped_while_it_runs_fails_whole(store, tmp_path, 
 
 
 def test_a_conversation_reads_as_importing_until_its_import_ends_and_an_undo_names_what_it_deleted(store):
-    """What the hub asks before a change (a failed import deletes the conversation whole), and what the app
-    tells the pages of: the conversations a failed import deleted."""
+    """What the hub asks before a change (a failed import deletes the conversation whole): importing, kept
+    or gone; and what the app tells the pages of: the conversations a failed import deleted."""
 
     async def scenario() -> Any:
         async with opened(store) as db:
@@ -168,16 +170,46 @@ def test_a_conversation_reads_as_importing_until_its_import_ends_and_an_undo_nam
                 await db.begin_import(import_id, "replica-1")
                 await db.import_conversations("alice", trees, import_id)
             loaded = await db.load(done[0].id)
-            under_way = (loaded[0].importing, await db.importing(done[0].id))
+            under_way = (loaded[0].importing, await db.import_state(done[0].id))
             await db.finish_import("import-done")
             loaded = await db.load(done[0].id)
-            ended = (loaded[0].importing, await db.importing(done[0].id))
+            ended = (loaded[0].importing, await db.import_state(done[0].id))
             undone = await db.undo_import("import-failed")
-            return under_way, ended, undone, [await db.load(tree.id) for tree in failed], {tree.id for tree in failed}
+            left = [await db.load(tree.id) for tree in failed]
+            return under_way, ended, undone, left, await db.import_state(failed[0].id), {tree.id for tree in failed}
 
-    under_way, ended, undone, left, failed_ids = asyncio.run(scenario())
-    assert under_way == (True, True) and ended == (False, False)
+    under_way, ended, undone, left, failed_state, failed_ids = asyncio.run(scenario())
+    assert under_way == (True, "importing") and ended == (False, "kept")
     assert set(undone) == failed_ids and len(undone) == 2 and left == [None, None]
+    assert failed_state == "gone"
+
+
+def test_a_copy_that_outlived_its_failed_import_finds_it_gone_at_the_next_change(store):
+    """A copy in memory whose import failed, and which nobody told (with replicas, Redis lost the news):
+    the next change finds it gone, tells its sockets, and forgets it, rather than start a turn in it."""
+
+    async def failure(change: Any) -> Exception | None:
+        try:
+            await change
+        except Exception as error:
+            return error
+        return None
+
+    async def scenario() -> Any:
+        async with opened(store) as db:
+            hub = Hub(db)
+            trees = titled("failed")
+            await db.begin_import("import-1", "replica-1")
+            await db.import_conversations("alice", trees, "import-1")
+            conversation = await hub.open(trees[0].id, "alice")
+            refused = await failure(hub.check_changeable(conversation))
+            await db.undo_import("import-1")
+            gone = await failure(hub.check_changeable(conversation))
+            return refused, gone, hub.live(trees[0].id), conversation.deleting
+
+    refused, gone, live, deleting = asyncio.run(scenario())
+    assert isinstance(refused, ImportUnderWay) and isinstance(gone, UnknownConversation)
+    assert live is None and deleting
 
 
 @pytest.mark.parametrize("count", [3])

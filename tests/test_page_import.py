@@ -36,7 +36,7 @@ def test_a_chatgpt_file_is_imported_with_its_progress_shown_and_listed(browser, 
         assert exported["format"] == "pocketchat.conversation" and len(exported["messages"]) == 7
 
 
-def test_a_message_in_a_conversation_still_being_imported_is_kept_in_the_box_with_why(browser, start_app):
+def test_a_message_or_edit_in_a_conversation_still_being_imported_is_kept_with_why(browser, start_app):
     app = start_app()
     with opened(browser, app) as page:
         pick(page, "conversations.json", trips(1500))
@@ -45,6 +45,12 @@ def test_a_message_in_a_conversation_still_being_imported_is_kept_in_the_box_wit
         send(page, "Can we add Porto?")
         notice = page.locator(".message.notice-only .notice")
         expect(notice).to_contain_text("still being imported")
+        expect(page.locator("#input")).to_have_value("Can we add Porto?")
+        page.locator(".message.user").first.get_by_role("button", name="Edit").click()
+        page.get_by_label("Edit your message").fill("Plan a weekend in Porto")
+        page.get_by_role("button", name="Send edited").click()
+        expect(notice.last).to_contain_text("still being imported")
+        expect(page.get_by_label("Edit your message")).to_have_value("Plan a weekend in Porto")  # not lost
         expect(page.locator("#input")).to_have_value("Can we add Porto?")
         expect(page.locator("#import-status")).to_contain_text("Importing:")  # while it ran
         expect(page.locator("#transcript")).not_to_contain_text("Can we add Porto?", use_inner_text=True)

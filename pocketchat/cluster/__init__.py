@@ -99,8 +99,9 @@ class Coordinator(Protocol):
     async def deleting(self, conversation_id: str) -> None:
         """About to delete it: no turn may start on it anywhere meanwhile."""
 
-    def deleted(self, conversation_id: str) -> None:
-        """It is deleted: the other replicas' sockets on it are told, and let go."""
+    def deleted(self, conversation_ids: list[str]) -> None:
+        """They are deleted (one, or a failed import's many): the other replicas' sockets on them are
+        told, and let go."""
 
     # ---- an import -------------------------------------------------------------------------------
 

@@ -74,7 +74,7 @@ class LocalCoordinator(NoOtherReplicas):
     async def replica_gone(self, replica: str, quiet_for: float) -> bool:
         return replica != self.replica  # one process: what another wrote, it wrote before this one started
 
-    def deleted(self, conversation_id: str) -> None:
+    def deleted(self, conversation_ids: list[str]) -> None:
         return None
 
     async def start(self) -> None:

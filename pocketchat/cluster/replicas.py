@@ -58,6 +58,7 @@ from pocketchat.turn_log import TurnLog
 logger = logging.getLogger("pocketchat")
 
 UNSTORED_KEEP = int(UNSTORED_KEEP_SECONDS)
+DELETED_PER_EVENT = 500  # the ids a `deleted` event names at most
 DELETE_MS = 30_000  # a deleted conversation's lease is held this long: no turn starts on it meanwhile
 IMPORT_QUIET_SECONDS = 10.0  # an import that has told nothing for this long, its replica gone, has stopped
 SWITCH_MS = 10_000  # at most, should the replica die while it switches (it lets go once its write lands)
@@ -309,8 +310,11 @@ class Replicas:
         except REDIS_FAILURES as error:
             raise Unavailable(f"PocketChat cannot delete it now: Redis is unreachable ({error}).") from None
 
-    def deleted(self, conversation_id: str) -> None:
-        self._errands.run(self._publish({"kind": "deleted", "conversation": conversation_id}))
+    def deleted(self, conversation_ids: list[str]) -> None:
+        # A failed import's thousands go a few hundred an event: not a task and a message each.
+        for start in range(0, len(conversation_ids), DELETED_PER_EVENT):
+            chunk = conversation_ids[start : start + DELETED_PER_EVENT]
+            self._errands.run(self._publish({"kind": "deleted", "conversations": chunk}))
 
     async def _publish(self, event: dict[str, Any]) -> None:
         try:
@@ -346,7 +350,8 @@ class Replicas:
             live.show(event["leaf"])
             live.broadcast_text(live.path_frame())
         elif kind == "deleted":
-            self.hub.gone(conversation_id)
+            for deleted_id in event["conversations"]:
+                self.hub.gone(deleted_id)
 
     # ---- imports (a page may ask any replica how far one got) -----------------------------------
 
@@ -421,7 +426,10 @@ class Replicas:
             return
         with contextlib.suppress(*REDIS_FAILURES):
             key = self.link.new_conversation_key(record.id)
-            await self.link.client.set(key, json.dumps(asdict(record)), ex=UNSTORED_KEEP)
+            # Without `importing` (a new conversation's is False): a replica of the version before, which
+            # reads this as ConversationRecord(**...), knows no such field.
+            kept = {name: value for name, value in asdict(record).items() if name != "importing"}
+            await self.link.client.set(key, json.dumps(kept), ex=UNSTORED_KEEP)
 
     def refresh_new(self, record: ConversationRecord) -> None:
         self._errands.run(self.remember_new(record))

@@ -23,6 +23,7 @@ from pocketchat.records import (
 )
 from pocketchat.search import SearchHit, SearchQuery
 from pocketchat.settings import Settings
+from pocketchat.store.transfer import ImportState
 from pocketchat.transfer.tree import ConversationTree, TreeMessage
 
 if TYPE_CHECKING:
@@ -118,8 +119,9 @@ class Store(Protocol):
     def undo_import(self, import_id: str) -> asyncio.Future[list[str]]:
         """Delete the conversations the unfinished import wrote, and stop it writing more; their ids."""
 
-    async def importing(self, conversation_id: str) -> bool:
-        """Whether an import is still writing the conversation (it goes whole if the import fails)."""
+    async def import_state(self, conversation_id: str) -> ImportState:
+        """What became of a conversation an import wrote: still being written (it goes whole if the import
+        fails), kept (the import ended), or gone (the import failed)."""
 
     async def running_imports(self) -> list[tuple[str, str, float]]:
         """Each unfinished import: its id, the replica writing it, when its last batch landed (time.time())."""

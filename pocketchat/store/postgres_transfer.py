@@ -12,8 +12,10 @@ from pocketchat.store.transfer import (
     CONVERSATION_COLUMNS,
     MESSAGE_COLUMNS,
     UNFINISHED_COLUMNS,
+    ImportState,
     ImportStopped,
     conversation_rows,
+    import_state,
     message_rows,
     rows_of,
     tree_from_rows,
@@ -109,10 +111,13 @@ class PostgresTransfer:
 
         return self._write(work, None)
 
-    async def importing(self, conversation_id: str) -> bool:
-        """Whether an import is still writing the conversation."""
-        query = "SELECT 1 FROM unfinished_imports WHERE conversation_id = $1"
-        return await self._read(lambda db: db.fetchval(query, conversation_id)) is not None
+    async def import_state(self, conversation_id: str) -> ImportState:
+        query = (
+            "SELECT EXISTS (SELECT 1 FROM unfinished_imports WHERE conversation_id = $1),"
+            " EXISTS (SELECT 1 FROM conversations WHERE id = $1)"
+        )
+        row = await self._read(lambda db: db.fetchrow(query, conversation_id))
+        return import_state(row[0], row[1])
 
     async def running_imports(self) -> list[tuple[str, str, float]]:
         """The imports not ended: each with the replica writing it and when its last batch landed."""

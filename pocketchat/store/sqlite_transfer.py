@@ -11,8 +11,10 @@ from pocketchat.store.transfer import (
     CONVERSATION_COLUMNS,
     MESSAGE_COLUMNS,
     UNFINISHED_COLUMNS,
+    ImportState,
     ImportStopped,
     conversation_rows,
+    import_state,
     message_rows,
     rows_of,
     tree_from_rows,
@@ -106,10 +108,13 @@ class SqliteTransfer:
 
         return self._write(work, None)
 
-    async def importing(self, conversation_id: str) -> bool:
-        """Whether an import is still writing the conversation."""
-        query = "SELECT 1 FROM unfinished_imports WHERE conversation_id = ?"
-        return await self._read(lambda db: db.execute(query, (conversation_id,)).fetchone() is not None)
+    async def import_state(self, conversation_id: str) -> ImportState:
+        query = (
+            "SELECT EXISTS (SELECT 1 FROM unfinished_imports WHERE conversation_id = ?1),"
+            " EXISTS (SELECT 1 FROM conversations WHERE id = ?1)"
+        )
+        importing, there = await self._read(lambda db: db.execute(query, (conversation_id,)).fetchone())
+        return import_state(bool(importing), bool(there))
 
     async def running_imports(self) -> list[tuple[str, str, float]]:
         """The imports not ended: each with the replica writing it and when its last batch landed."""

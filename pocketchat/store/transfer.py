@@ -7,7 +7,7 @@ an import writes them as the file gives them, under new ids. The statements are 
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 from pocketchat.transfer.tree import ConversationTree, TreeMessage
 
@@ -24,7 +24,16 @@ UNFINISHED_COLUMNS = ("conversation_id", "import_id", "partial")
 # The conversations an import is still writing in parts (a long one): no one lists, opens or finds them.
 PARTIAL = "(SELECT conversation_id FROM unfinished_imports WHERE partial)"
 # Whether a conversation read is one an import is still writing (it changes nothing until that ends).
-IMPORTING = "id IN (SELECT conversation_id FROM unfinished_imports) AS importing"
+IMPORTING = (
+    "EXISTS (SELECT 1 FROM unfinished_imports WHERE unfinished_imports.conversation_id = conversations.id) AS importing"
+)
+# What became of a conversation loaded while its import ran (Store.import_state).
+ImportState = Literal["importing", "kept", "gone"]
+
+
+def import_state(importing: bool, there: bool) -> ImportState:
+    """A conversation an import wrote: still being written, kept (the import ended), or gone (it failed)."""
+    return "importing" if importing else "kept" if there else "gone"
 
 
 class ImportStopped(Exception):

@@ -20,7 +20,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO, Literal, Protocol
@@ -49,6 +49,7 @@ READ_TIMEOUT = 300.0  # seconds the child may take to read a file
 READERS = 2
 BIG_LINE = 1 << 18  # characters of a conversation's line from which it is read on a thread
 SWEEP_SECONDS = 30.0  # with replicas, how often each looks for an import whose replica died
+UNDO_CHECK_SECONDS = 2.0  # how often a failed import whose deletion the database refused looks again
 
 Status = Literal["importing", "done", "failed"]
 
@@ -108,11 +109,12 @@ class Imports:
         self.progress = progress
         self._jobs: dict[str, ImportJob] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._closing = False
         self._reading: set[str] = set()  # owners whose file is being checked
         self._readers = asyncio.Semaphore(READERS)
         self._sweeping: asyncio.Task[None] | None = None
-        # Told of each conversation a failed import deleted (the app tells the pages that show it).
-        self.gone: Callable[[str], None] = lambda conversation_id: None
+        # Told of the conversations a failed import deleted (the app tells the pages that show one).
+        self.gone: Callable[[list[str]], None] = lambda conversation_ids: None
 
     async def state(self, import_id: str, owner: str) -> dict[str, Any] | None:
         """How far the import by that id got (what `GET /api/imports/{id}` says), if it is this owner's:
@@ -151,8 +153,7 @@ class Imports:
                 left.add(import_id)
             else:
                 logger.warning("import %s stopped with %s: its writes are deleted", import_id[:6], replica)
-                for conversation_id in undone:
-                    self.gone(conversation_id)
+                self.gone(undone)
         return left
 
     async def sweep(self) -> None:
@@ -201,9 +202,7 @@ class Imports:
         job = ImportJob(owner, verdict["conversations"], verdict["dropped"])
         self._jobs[job.id] = job
         await self._tell(job)  # before its id goes out: the page's first poll may reach another replica
-        task = asyncio.create_task(self._write(job, lines, folder), name=f"import {job.id[:6]}")
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._keep(self._write(job, lines, folder), name=f"import {job.id[:6]}")
         return job
 
     async def _read(self, source: str, lines: str) -> dict[str, Any]:
@@ -262,7 +261,7 @@ class Imports:
             if not isinstance(error, Exception):
                 raise
         else:
-            job.status = "done"
+            job.status, job.written = "done", []
             logger.info("import %s: %d conversations in %.1f s", job.id[:6], job.imported, time.monotonic() - started)
         finally:
             job.ended_at = time.monotonic()
@@ -304,15 +303,41 @@ class Imports:
     async def _undo(self, job: ImportJob) -> None:
         """Delete what the import wrote: none of it stays. (Queued behind a batch still in flight.) The
         pages that show one of its conversations are told it is gone, also when the database refused the
-        deletion for now: it is kept and written again."""
+        deletion for now (it is kept and written again; meanwhile none of them can be changed)."""
+        gone = job.written
         try:
-            await self.store.undo_import(job.id)
+            # With a batch whose write was cancelled (a shutdown) but landed: only the undo knows it.
+            gone = sorted({*gone, *await self.store.undo_import(job.id)})
         except Exception:
             logger.exception("import %s: could not delete the %d conversations it wrote", job.id[:6], job.imported)
+            # The store writes it again until it lands; a page may open one of them meanwhile.
+            self._keep(self._tell_once_undone(job.id, gone))
         else:
             job.imported = 0
-        for conversation_id in job.written:
-            self.gone(conversation_id)
+        job.written = []
+        self.gone(gone)
+
+    async def _tell_once_undone(self, import_id: str, gone: list[str]) -> None:
+        """Tell the pages again once a deletion the database refused has landed (its import no longer listed)."""
+        while True:
+            await asyncio.sleep(UNDO_CHECK_SECONDS)
+            try:
+                running = {row[0] for row in await self.store.running_imports()}
+            except Exception as error:
+                logger.warning("import %s: could not see whether its deletion landed: %s", import_id[:6], error)
+                continue
+            if import_id not in running:
+                self.gone(gone)
+                return
+
+    def _keep(self, work: Coroutine[Any, Any, None], name: str = "import") -> None:
+        """Run `work` in the background; stopped by `aclose` (and not begun once it has: the app stops)."""
+        if self._closing:
+            work.close()
+            return
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def _forget_old(self) -> None:
         now = time.monotonic()
@@ -322,6 +347,7 @@ class Imports:
 
     async def aclose(self) -> None:
         """Stop the imports under way; each deletes what it wrote."""
+        self._closing = True
         if self._sweeping is not None:
             await cancel_and_wait([self._sweeping])
         await cancel_and_wait(self._tasks, patience=CLEANUP_SECONDS)

@@ -216,7 +216,7 @@ async def delete_conversation(request: Request, conversation_id: str) -> None:
         except BaseException:
             conversation.deleting = False  # still there: it can be used, or deleted again
             raise
-        state.conversation_gone(conversation.id)  # its sockets are told, here and on the other replicas
+        state.conversations_gone([conversation.id])  # its sockets are told, here and on the other replicas
 
 
 @router.get("/api/conversations/{conversation_id}/export.md", response_class=PlainTextResponse)
