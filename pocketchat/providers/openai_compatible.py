@@ -321,6 +321,7 @@ async def _chunks(
     layer costs every chunk). A silence of `idle_limit` seconds ends them as aiohttp's read timeout,
     which bounded the wait for the response's head, did: it is switched off for the body."""
     if response.connection is not None:  # None: the whole body came with the head
+        # As aiohttp does for a WebSocket; it sets the timeout again for the connection's next request.
         response.connection.protocol.read_timeout = None
     idle = IdleWatch(response, idle_limit)
     rest = b""  # the start of a line not ended yet
