@@ -357,6 +357,24 @@ def test_the_pages_on_a_conversation_of_a_failed_import_are_told_it_is_gone(mode
     assert page.until("error")[-1]["code"] == "unknown_conversation"
 
 
+def test_a_failed_imports_pages_on_another_replica_are_told_it_is_gone(request, mode, start_app):
+    """The importing replica's own failure (its import found stopped: another replica took it for dead
+    and undid it), told through Redis to a page on the other replica."""
+    if mode == "single":
+        pytest.skip("replicas only")
+    a, b = start_app("--auth", "header"), start_app("--auth", "header")
+    status, job = post_import(a, trips(1500), **ALICE)
+    assert status == 202
+    conversation_id = first_imported(b, job)
+    page = b.client(**ALICE)
+    page.hello(conversation_id)
+    # As a replica that took `a` for dead would: its next batch finds its import stopped, and it fails.
+    assert rows(request, mode, a, f"DELETE FROM running_imports WHERE id = '{job['id']}' RETURNING id")
+    assert page.until("deleted", timeout=30)[-1]["conversation_id"] == conversation_id
+    assert call(a, "GET", f"/api/imports/{job['id']}", **ALICE)[1]["status"] == "failed"
+    assert listed(b, **ALICE) == {}
+
+
 def reading(process: psutil.Process) -> bool:
     """Whether `process` is an import's reader child (one that just ended is not)."""
     try:
