@@ -27,7 +27,7 @@ from pocketchat import protocol
 from pocketchat.cluster.produced_log import Copier, ProducedLog
 from pocketchat.cluster.redis_link import FRESH_SECONDS, Fenced, RedisLink, takeover_frames
 from tests.cluster import Nginx, sign_in
-from tests.conftest import NO_LIMITS, AppProcess, ChatClient, reply_text
+from tests.conftest import NO_LIMITS, AppProcess, ChatClient, reply_text, stream_of
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.services import FaultProxy, database_name
 from tests.test_cluster import (  # noqa: F401 (fixtures)
@@ -104,7 +104,9 @@ def test_a_producer_paused_past_its_lease_wakes_fenced_its_clients_see_what_the_
     a_all = [f for f in on_a.frames if f.get("turn_id") == end["turn_id"]]
     assert a_frames[-1]["status"] == "interrupted"
     assert len(reply_text(a_all)) == len(reply_text(b_all)), "A's clients got chunks B's never saw"
-    assert a_all == b_all  # the same frames, byte for byte: chunks, the takeover's error, turn_end
+    # The same frames (the takeover's error, turn_end) and chunks, however each socket's were grouped:
+    # a socket that fell behind for a moment gets several in one frame (a busy machine, A just woken).
+    assert stream_of(a_all) == stream_of(b_all)
     settled(a, cookie)
     assert stored_reply(shared["POCKETCHAT_DATABASE_URL"], reply_id) == (reply_text(b_all), "interrupted")
     # And a socket that opens the conversation on A now gets what PostgreSQL has.
