@@ -319,7 +319,7 @@ def test_the_pages_on_a_conversation_of_a_failed_import_are_told_it_is_gone(mode
     its conversations gets `deleted` (it showed it until a reload before)."""
     a = start_app("--auth", "header")
     b = start_app("--auth", "header") if mode == "replicas" else a
-    status, job = post_import(a, trips(3000), **ALICE)
+    status, job = post_import(a, trips(1500), **ALICE)
     assert status == 202
     path = f"/api/imports/{job['id']}"
     conversation_id = first_imported(b, job)

@@ -350,7 +350,8 @@ class Replicas:
             live.show(event["leaf"])
             live.broadcast_text(live.path_frame())
         elif kind == "deleted":
-            for deleted_id in event["conversations"]:
+            # One id under "conversation" from a replica of the version before (a rolling upgrade).
+            for deleted_id in event.get("conversations") or [conversation_id]:
                 self.hub.gone(deleted_id)
 
     # ---- imports (a page may ask any replica how far one got) -----------------------------------
