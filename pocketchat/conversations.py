@@ -22,6 +22,7 @@ from pocketchat.records import ConversationRecord, ImageRecord, Message, new_id,
 from pocketchat.store import Store
 from pocketchat.turn_log import InProcessTurnLog, TurnLog
 from pocketchat.versions import Tree
+from utils.llm_stream import StopSignal
 
 if TYPE_CHECKING:
     from pocketchat.tools.client import ClientTools
@@ -64,7 +65,7 @@ class Turn:
     # edit (a new version of a message, with copies of its images).
     kind: Literal["message", "regenerate", "edit"] = "message"
     id: str = field(default_factory=new_id)
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
+    stop: StopSignal = field(default_factory=StopSignal)
     started_at: float = field(default_factory=time.monotonic)
     task: asyncio.Task[None] | None = None
     failure: str | None = None  # why the turn could not go on (Redis lost, with replicas)

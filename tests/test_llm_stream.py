@@ -12,14 +12,14 @@ from pocketchat.errors import ProviderError
 from pocketchat.providers.openai_compatible import OpenAIProvider
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.test_protocol import wait_for
-from utils.llm_stream import StreamResult, stream_llm
+from utils.llm_stream import StopSignal, StreamResult, stream_llm
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
 
-def stopping_after(count: int) -> tuple[asyncio.Event, list[str], Callable[[str, str | None], None]]:
+def stopping_after(count: int) -> tuple[StopSignal, list[str], Callable[[str, str | None], None]]:
     """A stop set at the `count`th chunk, the chunks' text as they come, and the `on_chunk` that does both."""
-    stop, pieces = asyncio.Event(), []
+    stop, pieces = StopSignal(), []
 
     def on_chunk(content: str, reasoning: str | None) -> None:
         pieces.append(content)
@@ -53,7 +53,7 @@ async def cancel_while_reading(fake: FakeOpenAI, also_stop: bool) -> BaseExcepti
     it did (both cancellations pending at once)."""
     provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
     fake.queue(Reply(count=50, pace=0.05))
-    stop, started = asyncio.Event(), asyncio.Event()
+    stop, started = StopSignal(), asyncio.Event()
     reading = asyncio.create_task(
         stream_llm(provider, MESSAGES, "fake-model", None, lambda content, reasoning: started.set(), stop)
     )
@@ -87,6 +87,29 @@ def test_a_stop_is_a_stop_even_after_an_earlier_cancellation_of_the_task_was_swa
 
     result, pieces = asyncio.run(swallow_then_read())
     assert result.stopped and pieces == ["tok1 ", "tok2 ", "tok3 "]
+
+
+def test_a_stop_after_the_read_ended_does_not_cancel_what_the_task_does_next(fake):
+    """A turn goes on after its read (the reply's save): a stop then must not cancel it."""
+
+    async def read_then_stop() -> tuple[StreamResult, bool]:
+        provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
+        fake.queue(Reply(count=3))
+        stop = StopSignal()
+        try:
+            result = await stream_llm(provider, MESSAGES, "fake-model", None, lambda content, reasoning: None, stop)
+        finally:
+            await provider.aclose()
+        stop.set()  # as a stop that comes while the turn saves its reply
+        try:
+            await asyncio.sleep(0.05)
+        except asyncio.CancelledError:
+            return result, True
+        return result, False
+
+    result, cancelled = asyncio.run(read_then_stop())
+    assert result.finish_reason == "stop" and not result.stopped
+    assert not cancelled
 
 
 class CancelledQuietlyProvider:
