@@ -112,6 +112,33 @@ def test_a_stop_after_the_read_ended_does_not_cancel_what_the_task_does_next(fak
     assert not cancelled
 
 
+class UnpausedProvider:
+    """A provider whose chunks come without a pause (all in one network read)."""
+
+    @contextlib.asynccontextmanager
+    async def open_stream(self, messages, model, max_tokens, on_queued=None, **offer) -> AsyncIterator[Any]:
+        async def chunks() -> AsyncIterator[dict[str, Any]]:
+            yield {"choices": [{"delta": {"content": "a"}, "finish_reason": None}]}
+            yield {"choices": [{"delta": {"content": "b"}, "finish_reason": "stop"}]}
+
+        yield chunks()
+
+
+def test_a_stop_set_from_within_the_read_at_its_last_chunk_does_not_cancel_what_the_task_does_next():
+    async def read() -> tuple[StreamResult, bool]:
+        stop, _, on_chunk = stopping_after(2)
+        result = await stream_llm(UnpausedProvider(), MESSAGES, "m", None, on_chunk, stop)
+        try:
+            await asyncio.sleep(0.05)  # as the turn's save of its reply
+        except asyncio.CancelledError:
+            return result, True
+        return result, False
+
+    result, cancelled = asyncio.run(read())
+    assert result.finish_reason == "stop" and not result.stopped  # the reply was whole when the stop came
+    assert not cancelled
+
+
 class CancelledQuietlyProvider:
     """A provider whose stream, cancelled, ends without raising, or raises `error` instead (some clients
     wrap their reads one way or the other)."""

@@ -178,7 +178,8 @@ class StopSignal(asyncio.Event):
             callback()
 
     def on_set(self, callback: Callable[[], object]) -> None:
-        """Call `callback` when the stop is set (it is not yet), unless `off` takes it back first."""
+        """Call `callback` when the stop is set (it is not yet), unless `off` takes it back first. It
+        runs inside `set()`, in the task that sets it, and must not raise."""
         self._callbacks.append(callback)
 
     def off(self, callback: Callable[[], object]) -> None:
@@ -256,11 +257,18 @@ async def stream_llm(
     # as asyncio.timeout does: a cancellation from elsewhere still propagates.
     task = asyncio.current_task()
     assert task is not None
-    stopped_it = False
+    reading, stopped_it = True, False
     cancelling = task.cancelling()  # cancellations asked of the task before: never taken for a stop
 
     def cancel_read() -> None:
         nonlocal stopped_it
+        if not reading:
+            return
+        if asyncio.current_task() is task:
+            # Set from within the read (by `on_chunk`): a cancellation asked of the running task would
+            # land at its next await, perhaps after the read. From the loop, once the read yields.
+            asyncio.get_running_loop().call_soon(cancel_read)
+            return
         stopped_it = True
         task.cancel()
 
@@ -277,7 +285,8 @@ async def stream_llm(
             task.uncancel()
         raise
     finally:
-        stop.off(cancel_read)  # set from here on, the stop no longer cancels this task
+        reading = False  # set from here on, the stop no longer cancels this task
+        stop.off(cancel_read)
     if stopped_it:  # the provider's stream took the stop's cancellation and ended without raising it
         task.uncancel()
         result.stopped = True
