@@ -5,7 +5,6 @@ Nodes never touch a socket: what the browser should see goes to `shared["log"]`,
 which every attached socket follows. A node shows itself in the page with `log.append_step(...)`.
 """
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -24,7 +23,7 @@ from pocketchat.tools import CallOutcome, ToolBox, arguments_of
 from pocketchat.turn_log import TurnLog
 from utils.chunking import Chunk, chunk_pages
 from utils.embeddings import Embedder, to_bytes
-from utils.llm_stream import ChatProvider, Sampling, StreamResult, ToolCall, stream_llm
+from utils.llm_stream import ChatProvider, Sampling, StopSignal, StreamResult, ToolCall, stream_llm
 from utils.prompt import PromptMessage, Snippet, build_prompt, data_url, images_to_send
 from utils.read_document import Page
 from utils.retrieval import VectorCache, retrieve
@@ -331,7 +330,7 @@ class ToolRun:
     call: ToolCall
     tools: ToolBox
     log: TurnLog
-    stop: asyncio.Event
+    stop: StopSignal  # the turn's
 
 
 class RunTools(AsyncParallelBatchNode):
