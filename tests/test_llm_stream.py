@@ -89,6 +89,15 @@ def test_a_stop_is_a_stop_even_after_an_earlier_cancellation_of_the_task_was_swa
     assert result.stopped and pieces == ["tok1 ", "tok2 ", "tok3 "]
 
 
+async def next_await_cancelled() -> bool:
+    """Whether the task's next await (a turn's save of its reply, after its read) is cancelled."""
+    try:
+        await asyncio.sleep(0.05)
+    except asyncio.CancelledError:
+        return True
+    return False
+
+
 def test_a_stop_after_the_read_ended_does_not_cancel_what_the_task_does_next(fake):
     """A turn goes on after its read (the reply's save): a stop then must not cancel it."""
 
@@ -101,11 +110,7 @@ def test_a_stop_after_the_read_ended_does_not_cancel_what_the_task_does_next(fak
         finally:
             await provider.aclose()
         stop.set()  # as a stop that comes while the turn saves its reply
-        try:
-            await asyncio.sleep(0.05)
-        except asyncio.CancelledError:
-            return result, True
-        return result, False
+        return result, await next_await_cancelled()
 
     result, cancelled = asyncio.run(read_then_stop())
     assert result.finish_reason == "stop" and not result.stopped
@@ -128,11 +133,7 @@ def test_a_stop_set_from_within_the_read_at_its_last_chunk_does_not_cancel_what_
     async def read() -> tuple[StreamResult, bool]:
         stop, _, on_chunk = stopping_after(2)
         result = await stream_llm(UnpausedProvider(), MESSAGES, "m", None, on_chunk, stop)
-        try:
-            await asyncio.sleep(0.05)  # as the turn's save of its reply
-        except asyncio.CancelledError:
-            return result, True
-        return result, False
+        return result, await next_await_cancelled()
 
     result, cancelled = asyncio.run(read())
     assert result.finish_reason == "stop" and not result.stopped  # the reply was whole when the stop came
