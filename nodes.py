@@ -16,6 +16,7 @@ from pocketflow import AsyncNode, AsyncParallelBatchNode
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn
 from pocketchat.errors import ProviderError, StorageError
+from pocketchat.jobs import Jobs
 from pocketchat.providers import sees_images
 from pocketchat.records import DocumentRecord, Message, Passage, Status
 from pocketchat.store import Store, save_reply
@@ -407,16 +408,24 @@ class SaveReply(AsyncNode):
 # ---- indexing a document: the flow's nodes (flow.create_indexing_flow) --------------------------------
 
 
+@dataclass
+class ChunkRequest:
+    jobs: Jobs
+    owner: str
+    pages: list[Page]
+
+
 class ChunkDocument(AsyncNode):
-    """Cut the document's pages into passages of a few sentences, each on one page."""
+    """Cut the document's pages into passages of a few sentences, each on one page: in a job worker, as
+    the time it takes is the user's file's to set."""
 
-    async def prep_async(self, shared: dict[str, Any]) -> list[Page]:
-        return shared["pages"]
+    async def prep_async(self, shared: dict[str, Any]) -> ChunkRequest:
+        return ChunkRequest(shared["jobs"], shared["document"].owner, shared["pages"])
 
-    async def exec_async(self, pages: list[Page]) -> list[Chunk]:
-        return chunk_pages(pages)
+    async def exec_async(self, request: ChunkRequest) -> list[Chunk]:
+        return await request.jobs.run(request.owner, chunk_pages, request.pages)
 
-    async def post_async(self, shared: dict[str, Any], pages: list[Page], chunks: list[Chunk]) -> None:
+    async def post_async(self, shared: dict[str, Any], request: ChunkRequest, chunks: list[Chunk]) -> None:
         shared["chunks"] = chunks
         shared["report"](0.01)
 

@@ -28,6 +28,7 @@ import numpy as np
 
 from flow import create_indexing_flow
 from pocketchat.documents import Library
+from pocketchat.jobs import Jobs
 from pocketchat.metrics import Metrics
 from pocketchat.records import ConversationRecord, DocumentRecord
 from pocketchat.settings import Settings
@@ -59,7 +60,8 @@ def found(answer: str, texts: list[str]) -> bool:
 async def open_library(path: Path) -> tuple[SqliteStore, Library, ConversationRecord]:
     store = SqliteStore(path)
     await store.open()
-    library = Library(Settings(), store, None, Metrics(lambda: 0))
+    settings = Settings()
+    library = Library(settings, store, None, Metrics(lambda: 0), Jobs.from_settings(settings))
     record = ConversationRecord(model="bench", system_prompt="")
     await store.create_conversation(record)
     return store, library, record
@@ -206,6 +208,7 @@ async def measure() -> dict[str, Any]:
                 results[f"retrieval at {passages}"] = await retrieval_times(store, library, passages)
         finally:
             await library.aclose()
+            await library.jobs.aclose()
             await store.close()
     results["first chunk"] = first_chunk_delays()
     results["model memory MiB"] = model_memory()

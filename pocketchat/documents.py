@@ -6,17 +6,18 @@ cache of vectors) lives here too, once per process.
 
 import asyncio
 import contextlib
+import io
 import logging
 import re
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO
 
 from flow import create_indexing_flow
 from pocketchat import protocol
 from pocketchat.background import CLEANUP_SECONDS, cancel_and_wait
+from pocketchat.jobs import JobFailed, Jobs, OverBudget
 from pocketchat.metrics import Metrics
 from pocketchat.records import DocumentRecord
 from pocketchat.settings import Settings
@@ -45,6 +46,11 @@ class UploadRefused(Exception):
         self.message = message
 
 
+def not_read(name: str, error: JobFailed) -> UploadRefused:
+    """The refusal of an upload whose job did not finish: over its budget (the file's doing), or failed."""
+    return UploadRefused(422 if isinstance(error, OverBudget) else 500, f"“{name}” could not be read: {error.message}")
+
+
 def make_embedder(settings: Settings, provider: Any) -> Embedder:
     """The local model, or the provider's /v1/embeddings when --embedding-model names a model."""
     if settings.embedding_model is None:
@@ -66,9 +72,10 @@ def file_name(raw: str | None, default: str = "document.txt") -> str:
 class Library:
     """The documents of every conversation this process serves."""
 
-    def __init__(self, settings: Settings, store: Store, provider: Any, metrics: Metrics) -> None:
+    def __init__(self, settings: Settings, store: Store, provider: Any, metrics: Metrics, jobs: Jobs) -> None:
         self.settings = settings
         self.store = store
+        self.jobs = jobs  # a file is read, and cut into passages, by the job workers
         self.metrics = metrics
         self.embedder = make_embedder(settings, provider)
         self.vectors = VectorCache(store)
@@ -76,8 +83,6 @@ class Library:
         self.tell: Callable[[str, dict[str, Any]], None] = lambda conversation_id, frame: None
         self._indexing: dict[str, tuple[str, asyncio.Task[None]]] = {}  # by document id: (conversation, task)
         self._uploads = asyncio.Lock()  # a user's limits are checked and taken one upload at a time
-        # PDFs are read one at a time, off the event loop: pure Python, they would hold the loop.
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="read-documents")
         self._sweeping: asyncio.Task[None] | None = None
         # The local model, in this process's memory: a provider's embeddings load nothing here.
         metrics.embedding_model_loaded.set_function(lambda: float(getattr(self.embedder, "loaded", False)))
@@ -127,26 +132,35 @@ class Library:
             )
         if size == 0:
             raise UploadRefused(422, f"“{name}” is empty.")
+        await self._check_room(conversation_id, owner, size)  # before the file is read: reading costs
+        data = await asyncio.to_thread(file.read)  # spooled to a temporary file as it came in
         try:
-            pages = await asyncio.get_running_loop().run_in_executor(self._reader, read_document, file, name)
+            pages = await self.jobs.run(owner, read_document, io.BytesIO(data), name)
         except UnreadableDocument as error:
             raise UploadRefused(422, f"“{name}”: {error}") from None
+        except JobFailed as error:
+            raise not_read(name, error) from None
         async with self._uploads:
-            count, used = await self.store.document_usage(conversation_id, owner)
-            if settings.limit_documents_per_conversation and count >= settings.limit_documents_per_conversation:
-                limit = settings.limit_documents_per_conversation
-                raise UploadRefused(409, f"This conversation has {count} documents, the most it may have ({limit}).")
-            if settings.limit_document_bytes_per_user and used + size > settings.limit_document_bytes_per_user:
-                limit = megabytes(settings.limit_document_bytes_per_user)
-                raise UploadRefused(
-                    409,
-                    f"Your documents would take more than your {limit}; remove some first ({megabytes(used)} now).",
-                )
+            await self._check_room(conversation_id, owner, size)  # again: another upload may have come meanwhile
             document = DocumentRecord(conversation_id, owner, name, size, embedder=self.embedder.name)
             await self.store.add_document(document)
         self._told(document)
         self._indexing[document.id] = (conversation_id, asyncio.create_task(self._index(document, pages)))
         return document
+
+    async def _check_room(self, conversation_id: str, owner: str, size: int) -> None:
+        """UploadRefused if the conversation has its most documents, or the user's would take too much."""
+        settings = self.settings
+        count, used = await self.store.document_usage(conversation_id, owner)
+        if settings.limit_documents_per_conversation and count >= settings.limit_documents_per_conversation:
+            limit = settings.limit_documents_per_conversation
+            raise UploadRefused(409, f"This conversation has {count} documents, the most it may have ({limit}).")
+        if settings.limit_document_bytes_per_user and used + size > settings.limit_document_bytes_per_user:
+            limit = megabytes(settings.limit_document_bytes_per_user)
+            raise UploadRefused(
+                409,
+                f"Your documents would take more than your {limit}; remove some first ({megabytes(used)} now).",
+            )
 
     async def _index(self, document: DocumentRecord, pages: list[Page]) -> None:
         """Run the indexing flow; whatever stops it, the document ends ready or failed, never half."""
@@ -184,6 +198,7 @@ class Library:
         return {
             "settings": self.settings,  # Settings
             "store": self.store,  # Store: where StoreChunks writes
+            "jobs": self.jobs,  # Jobs: the workers ChunkDocument cuts the text in
             "embedder": self.embedder,  # Embedder: the local model, or the provider's
             "document": document,  # DocumentRecord: its state, which the nodes move on
             "pages": pages,  # list[Page]: its text, read at upload
@@ -232,7 +247,6 @@ class Library:
         if self._sweeping is not None:
             tasks.append(self._sweeping)
         await cancel_and_wait(tasks, patience=CLEANUP_SECONDS)
-        self._reader.shutdown(wait=False, cancel_futures=True)
         self.embedder.close()
 
 

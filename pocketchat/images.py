@@ -7,29 +7,28 @@ The nodes read the bytes when they build the prompt (nodes.ReadImages); the rout
 
 import asyncio
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import BinaryIO
 
-from pocketchat.documents import UploadRefused, file_name, megabytes
+from pocketchat.documents import UploadRefused, file_name, megabytes, not_read
 from pocketchat.errors import BadFrame, ImagesNotSupported, OverQuota
+from pocketchat.jobs import JobFailed, Jobs
 from pocketchat.providers import sees_images
 from pocketchat.records import ImageRecord
 from pocketchat.settings import Settings
 from pocketchat.store import Store
 from utils.llm_stream import ChatProvider
-from utils.read_image import ImageKind, UnreadableImage, read_image
+from utils.read_image import UnreadableImage, read_image
 
 
 class Images:
     """The images of every conversation this process serves."""
 
-    def __init__(self, settings: Settings, store: Store, provider: ChatProvider) -> None:
+    def __init__(self, settings: Settings, store: Store, provider: ChatProvider, jobs: Jobs) -> None:
         self.settings = settings
         self.store = store
         self.provider = provider
+        self.jobs = jobs  # an upload is decoded by the job workers: a crafted image can take long
         self._uploads = asyncio.Lock()  # a user's limits are checked and taken one upload at a time
-        # Decoded one at a time, off the event loop: a large photo takes a tenth of a second or more.
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="read-images")
 
     def sees(self, model: str) -> bool:
         """Whether `model` takes images (--vision-models; never the embedded model)."""
@@ -46,27 +45,36 @@ class Images:
             raise UploadRefused(413, f"“{name}” is over the limit of {megabytes(settings.limit_image_bytes)} an image.")
         if size == 0:
             raise UploadRefused(422, f"“{name}” is empty.")
+        await self._check_room(conversation_id, owner, size)  # before it is decoded: decoding costs
+        data = await asyncio.to_thread(file.read)  # spooled to a temporary file as it came in
         try:
-            data, kind = await asyncio.get_running_loop().run_in_executor(self._reader, _read, file)
+            kind = await self.jobs.run(owner, read_image, data)
         except UnreadableImage as error:
             raise UploadRefused(422 if error.damaged else 415, f"“{name}” {error}") from None
+        except JobFailed as error:
+            raise not_read(name, error) from None
         async with self._uploads:
-            waiting, used = await self.store.image_usage(conversation_id, owner)
-            most = settings.limit_images_per_message
-            if waiting >= most:
-                raise UploadRefused(
-                    409, f"{waiting} images wait to go with your next message, the most one may carry ({most})."
-                )
-            if settings.limit_image_bytes_per_user and used + len(data) > settings.limit_image_bytes_per_user:
-                limit = megabytes(settings.limit_image_bytes_per_user)
-                raise UploadRefused(
-                    409,
-                    f"Your images would take more than your {limit}; delete some conversations first "
-                    f"({megabytes(used)} now).",
-                )
+            await self._check_room(conversation_id, owner, len(data))  # again: another may have come meanwhile
             image = ImageRecord(conversation_id, owner, name, kind.type, len(data), kind.width, kind.height)
             await self.store.add_image(image, data)
         return image
+
+    async def _check_room(self, conversation_id: str, owner: str, size: int) -> None:
+        """UploadRefused if the images waiting are the most a message carries, or the user's would take too much."""
+        settings = self.settings
+        waiting, used = await self.store.image_usage(conversation_id, owner)
+        most = settings.limit_images_per_message
+        if waiting >= most:
+            raise UploadRefused(
+                409, f"{waiting} images wait to go with your next message, the most one may carry ({most})."
+            )
+        if settings.limit_image_bytes_per_user and used + size > settings.limit_image_bytes_per_user:
+            limit = megabytes(settings.limit_image_bytes_per_user)
+            raise UploadRefused(
+                409,
+                f"Your images would take more than your {limit}; delete some conversations first "
+                f"({megabytes(used)} now).",
+            )
 
     async def for_message(self, conversation_id: str, owner: str, ids: Sequence[str], model: str) -> list[ImageRecord]:
         """The images a message names, in its order: each one waiting in this conversation, for a model
@@ -120,11 +128,3 @@ class Images:
     async def remove(self, conversation_id: str, image_id: str) -> bool:
         """Delete an image still waiting to be sent; whether there was one (a sent one stays with its message)."""
         return await self.store.delete_image(conversation_id, image_id)
-
-    def close(self) -> None:
-        self._reader.shutdown(wait=False, cancel_futures=True)
-
-
-def _read(file: BinaryIO) -> tuple[bytes, ImageKind]:
-    data = file.read()  # the route spooled it to a temporary file, within the size limit
-    return data, read_image(data)

@@ -230,6 +230,30 @@ class Settings(BaseSettings):
         gt=0,
         description="Largest file that can be imported (ChatGPT's conversations.json, or ours), in bytes.",
     )
+    job_workers: int = Field(
+        4,
+        gt=0,
+        description="Worker processes for the work a user's input sets the cost of (reading a document, cutting it "
+        "into passages, decoding an image, a calculation): started when first needed, at most this many.",
+    )
+    job_workers_per_user: int = Field(
+        2,
+        gt=0,
+        description="Workers one user's jobs may hold at once; their others wait, and a free worker goes to the "
+        "user served longest ago, so no one user takes every worker.",
+    )
+    job_seconds: float = Field(
+        30.0,
+        gt=0,
+        description="Seconds a job may take (reading one document, decoding one image); then its worker is "
+        "stopped and the user told the file took too long to read.",
+    )
+    job_memory_mb: int = Field(
+        1000,
+        gt=0,
+        description="Megabytes of memory a job may take beyond its worker's own; then it is stopped and the user "
+        "told the file needs too much memory to read.",
+    )
     mcp_config: Path | None = Field(
         None,
         description="A JSON file of MCP servers whose tools the model may call, in the common format "

@@ -15,6 +15,7 @@ from pocketchat.conversations import Conversation, Hub
 from pocketchat.documents import Library
 from pocketchat.errors import ProviderError
 from pocketchat.images import Images
+from pocketchat.jobs import Jobs
 from pocketchat.metrics import Metrics
 from pocketchat.settings import Settings
 from pocketchat.store import Store
@@ -45,10 +46,17 @@ class AppState:
         self.limits = self.coordinator.limits  # counted here, or in Redis across replicas
         self.metrics = Metrics(lambda: sum(1 for turn in self.hub.running_turns if turn.task is not None))
         store.timing = self.metrics.store_writes.observe
-        self.documents = Library(settings, store, provider, self.metrics)
+        # What a user's input sets the cost of (reading files, calculating) runs in these, within budgets.
+        self.jobs = Jobs(
+            settings.job_workers,
+            settings.job_workers_per_user,
+            settings.job_seconds,
+            settings.job_memory_mb * 1_000_000,
+        )
+        self.documents = Library(settings, store, provider, self.metrics, self.jobs)
         self.documents.tell = self.tell_documents
-        self.images = Images(settings, store, provider)
-        self.tools = Catalog(settings, store, self.limits)  # built-in tools and the MCP servers
+        self.images = Images(settings, store, provider, self.jobs)
+        self.tools = Catalog(settings, store, self.limits, self.jobs)  # built-in tools and the MCP servers
         self.coordinator.on_lag = self.metrics.log_lag.observe
         self.sign_in = SignIn(settings, store, self.limits)
         self.default_model = settings.model
@@ -166,8 +174,8 @@ class AppState:
         await asyncio.gather(*tasks, return_exceptions=True)
         await self.imports.aclose()
         await self.documents.aclose()
-        self.images.close()
         await self.tools.aclose()
+        await self.jobs.aclose()
         await self.provider.aclose()
         await self.coordinator.aclose()
         await self.store.close()

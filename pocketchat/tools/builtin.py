@@ -5,12 +5,17 @@ the turn's owner owns."""
 import json
 from typing import Any
 
+from pocketchat.jobs import JobFailed, Jobs
 from pocketchat.store import Store
 from pocketchat.tools import BUILTIN, CallContext, Tool, ToolFailed
 from utils.calculator import CalculationError, calculate, format_number
 from utils.clock import UnknownTimeZone, current_time
 from utils.document_text import NoSuchDocument, read_conversation_document
 from utils.search_conversations import search_conversations
+
+# The calculator bounds every operation, so an answer takes milliseconds; past this, something it did not
+# foresee is at work, and its worker is stopped.
+CALCULATION_SECONDS = 2.0
 
 
 def _text(arguments: dict[str, Any], name: str, required: bool = True) -> str:
@@ -26,14 +31,18 @@ def _schema(properties: dict[str, dict[str, str]], required: list[str]) -> dict[
     return {"type": "object", "properties": properties, "required": required, "additionalProperties": False}
 
 
-def builtin_tools(store: Store) -> list[Tool]:
-    """The four built-in tools, reading `store` for the user's conversations and documents."""
+def builtin_tools(store: Store, jobs: Jobs) -> list[Tool]:
+    """The four built-in tools, reading `store` for the user's conversations and documents; the calculator
+    runs in the job workers (`jobs`)."""
 
     async def calculator(arguments: dict[str, Any], context: CallContext) -> str:
+        expression = _text(arguments, "expression")
         try:
-            return format_number(calculate(_text(arguments, "expression")))
+            return format_number(await jobs.run(context.owner, calculate, expression, seconds=CALCULATION_SECONDS))
         except CalculationError as error:
             raise ToolFailed(str(error)) from None
+        except JobFailed as error:
+            raise ToolFailed(f"No value: {error.message}") from None
 
     async def clock(arguments: dict[str, Any], context: CallContext) -> str:
         try:

@@ -3,6 +3,7 @@ lifespan; and a turn's `ToolBox`: the sources its conversation has on, and its c
 
 from typing import Any
 
+from pocketchat.jobs import Jobs
 from pocketchat.limits import Limits
 from pocketchat.records import ConversationRecord
 from pocketchat.settings import Settings
@@ -16,10 +17,10 @@ START_WAIT_SECONDS = 5.0  # start-up waits this long at most for the MCP servers
 
 
 class Catalog:
-    def __init__(self, settings: Settings, store: Store, limits: Limits) -> None:
+    def __init__(self, settings: Settings, store: Store, limits: Limits, jobs: Jobs) -> None:
         self.settings = settings
         self.limits = limits
-        self.builtin = builtin_tools(store)
+        self.builtin = builtin_tools(store, jobs)
         configs = load_config(settings.mcp_config) if settings.mcp_config else {}
         self.mcp = McpServers(configs, settings.tool_timeout)
 
