@@ -132,7 +132,7 @@ class Library:
             )
         if size == 0:
             raise UploadRefused(422, f"“{name}” is empty.")
-        await self._check_room(conversation_id, owner, size)  # before the file is read: reading costs
+        await self.room(conversation_id, owner, size)  # before the file is read: reading costs
         data = await asyncio.to_thread(file.read)  # spooled to a temporary file as it came in
         try:
             pages = await self.jobs.run(owner, read_document, io.BytesIO(data), name)
@@ -141,15 +141,16 @@ class Library:
         except JobFailed as error:
             raise not_read(name, error) from None
         async with self._uploads:
-            await self._check_room(conversation_id, owner, size)  # again: another upload may have come meanwhile
+            await self.room(conversation_id, owner, size)  # again: another upload may have come meanwhile
             document = DocumentRecord(conversation_id, owner, name, size, embedder=self.embedder.name)
             await self.store.add_document(document)
         self._told(document)
         self._indexing[document.id] = (conversation_id, asyncio.create_task(self._index(document, pages)))
         return document
 
-    async def _check_room(self, conversation_id: str, owner: str, size: int) -> None:
-        """UploadRefused if the conversation has its most documents, or the user's would take too much."""
+    async def room(self, conversation_id: str, owner: str, size: int) -> int | None:
+        """The bytes the user's documents may still take (None: no limit); UploadRefused if the conversation
+        has its most documents, or `size` more would take the user's over their limit."""
         settings = self.settings
         count, used = await self.store.document_usage(conversation_id, owner)
         if settings.limit_documents_per_conversation and count >= settings.limit_documents_per_conversation:
@@ -161,6 +162,7 @@ class Library:
                 409,
                 f"Your documents would take more than your {limit}; remove some first ({megabytes(used)} now).",
             )
+        return settings.limit_document_bytes_per_user - used if settings.limit_document_bytes_per_user else None
 
     async def _index(self, document: DocumentRecord, pages: list[Page]) -> None:
         """Run the indexing flow; whatever stops it, the document ends ready or failed, never half."""

@@ -45,7 +45,7 @@ class Images:
             raise UploadRefused(413, f"“{name}” is over the limit of {megabytes(settings.limit_image_bytes)} an image.")
         if size == 0:
             raise UploadRefused(422, f"“{name}” is empty.")
-        await self._check_room(conversation_id, owner, size)  # before it is decoded: decoding costs
+        await self.room(conversation_id, owner, size)  # before it is decoded: decoding costs
         data = await asyncio.to_thread(file.read)  # spooled to a temporary file as it came in
         try:
             kind = await self.jobs.run(owner, read_image, data)
@@ -54,13 +54,14 @@ class Images:
         except JobFailed as error:
             raise not_read(name, error) from None
         async with self._uploads:
-            await self._check_room(conversation_id, owner, len(data))  # again: another may have come meanwhile
+            await self.room(conversation_id, owner, len(data))  # again: another may have come meanwhile
             image = ImageRecord(conversation_id, owner, name, kind.type, len(data), kind.width, kind.height)
             await self.store.add_image(image, data)
         return image
 
-    async def _check_room(self, conversation_id: str, owner: str, size: int) -> None:
-        """UploadRefused if the images waiting are the most a message carries, or the user's would take too much."""
+    async def room(self, conversation_id: str, owner: str, size: int) -> int | None:
+        """The bytes the user's images may still take (None: no limit); UploadRefused if the images waiting are
+        the most a message carries, or `size` more would take the user's over their limit."""
         settings = self.settings
         waiting, used = await self.store.image_usage(conversation_id, owner)
         most = settings.limit_images_per_message
@@ -75,6 +76,7 @@ class Images:
                 f"Your images would take more than your {limit}; delete some conversations first "
                 f"({megabytes(used)} now).",
             )
+        return settings.limit_image_bytes_per_user - used if settings.limit_image_bytes_per_user else None
 
     async def for_message(self, conversation_id: str, owner: str, ids: Sequence[str], model: str) -> list[ImageRecord]:
         """The images a message names, in its order: each one waiting in this conversation, for a model

@@ -24,6 +24,7 @@ SIGN_INS_PER_MINUTE = 5  # wrong tokens a minute from one client address (an IPv
 # get no more guesses than this between them. While it is reached, signing in waits for everyone.
 ALL_SIGN_INS_PER_MINUTE = 50
 ALL = "*"  # the key of that overall count
+UPLOADS_AT_ONCE = 2  # a user's uploads whose bodies one process reads at once (web/uploads.py)
 MAX_KEYS = 10_000  # keys one window of this process keeps; the least recently counted go first
 
 

@@ -16,6 +16,7 @@ from pocketchat.documents import Library
 from pocketchat.errors import ProviderError
 from pocketchat.images import Images
 from pocketchat.jobs import Jobs
+from pocketchat.limits import UPLOADS_AT_ONCE, LocalGauge
 from pocketchat.metrics import Metrics
 from pocketchat.settings import Settings
 from pocketchat.store import Store
@@ -44,6 +45,7 @@ class AppState:
         self.coordinator: Coordinator = make_coordinator(settings, self.hub, store)
         self.hub.coordinator = self.coordinator  # asked for turn logs, and of conversations elsewhere
         self.limits = self.coordinator.limits  # counted here, or in Redis across replicas
+        self.uploading = LocalGauge(UPLOADS_AT_ONCE)  # a user's uploads coming in to this process now
         self.metrics = Metrics(lambda: sum(1 for turn in self.hub.running_turns if turn.task is not None))
         store.timing = self.metrics.store_writes.observe
         # What a user's input sets the cost of (reading files, calculating) runs in these, within budgets.

@@ -12,6 +12,7 @@ as they pass the limit.
 """
 
 import re
+from collections.abc import Callable
 
 from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
@@ -70,7 +71,7 @@ class BodyLimit:
             await too_large(limit)(scope, receive, send)
             return
         if upload:
-            await self.app(scope, _counted(receive, limit), send)
+            await self.app(scope, counted(receive, limit, _over_limit(limit)), send)
             return
         chunks: list[bytes] = []
         size = 0
@@ -102,9 +103,9 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return replayed
 
 
-def _counted(receive: Receive, limit: int) -> Receive:
-    """A `receive` that passes the body through, and raises 413 (which the route answers, having stored
-    nothing) once more than `limit` bytes came."""
+def counted(receive: Receive, limit: int, over: Callable[[int], Exception]) -> Receive:
+    """A `receive` that passes the body through, and raises `over(bytes so far)` once more than `limit`
+    bytes came."""
     size = 0
 
     async def counted() -> Message:
@@ -113,10 +114,15 @@ def _counted(receive: Receive, limit: int) -> Receive:
         if message["type"] == "http.request":
             size += len(message.get("body", b""))
             if size > limit:
-                raise HTTPException(413, f"The request body is over this route's limit of {limit} bytes.")
+                raise over(size)
         return message
 
     return counted
+
+
+def _over_limit(limit: int) -> Callable[[int], Exception]:
+    # Raised to the route, which answers it, having stored nothing.
+    return lambda size: HTTPException(413, f"The request body is over this route's limit of {limit} bytes.")
 
 
 def too_large(limit: int) -> ASGIApp:

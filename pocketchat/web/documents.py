@@ -1,52 +1,28 @@
 """The HTTP API of a conversation's documents: attach (multipart, field `file`), list, remove.
 Owner-only, like every conversation route: another user's conversation is a 404."""
 
-from collections.abc import Awaitable, Callable
-from typing import Any, BinaryIO, Protocol
+from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request, UploadFile
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse
 
-from pocketchat.documents import UploadRefused
 from pocketchat.records import possible_id
 from pocketchat.state import chat_state
 from pocketchat.web.routes import borrowed
 from pocketchat.web.sign_in import user_of
+from pocketchat.web.uploads import take_upload
 
 router = APIRouter()
 
 
 @router.post("/api/conversations/{conversation_id}/documents", status_code=201)
-async def attach_document(request: Request, conversation_id: str, file: UploadFile) -> JSONResponse:
+async def attach_document(request: Request, conversation_id: str) -> JSONResponse:
     """Attach a file: 201 `{id, name, size, status: "indexing", ...}`, indexed in the background (its
     progress comes in `document` frames and in the list). A bad file or one over a limit gets 413, 415,
     422 or 409 with why, and nothing is stored. The body was spooled to a temporary file as it came in,
-    refused with 413 once over the limit (web/body_limit.py)."""
-    return await take_upload(request, conversation_id, file, chat_state(request.app).documents.add)
-
-
-class Uploaded(Protocol):
-    def to_wire(self) -> dict[str, Any]: ...
-
-
-async def take_upload(
-    request: Request,
-    conversation_id: str,
-    file: UploadFile,
-    add: Callable[[str, str, str | None, BinaryIO, int], Awaitable[Uploaded]],
-) -> JSONResponse:
-    """An upload to the user's conversation (a document, an image): `add(conversation_id, owner, name, file,
-    size)`, then 201 with what it became; refused, its HTTP status with why (nothing stored)."""
-    try:
-        async with borrowed(request, conversation_id, changing=True) as conversation:
-            # Stored now if it is new: what is uploaded to it belongs to it in the database.
-            await chat_state(request.app).hub.ensure_stored(conversation)
-            added = await add(conversation.id, conversation.record.owner, file.filename, file.file, file.size or 0)
-    except UploadRefused as refused:
-        raise HTTPException(refused.status, refused.message) from None
-    finally:
-        await file.close()
-    return JSONResponse(added.to_wire(), status_code=201)
+    refused with 413 once over the limit (web/body_limit.py), with 409 once over the user's quota, and with
+    429 while two of the user's uploads come in (web/uploads.py)."""
+    return await take_upload(request, conversation_id, chat_state(request.app).documents)
 
 
 @router.get("/api/conversations/{conversation_id}/documents")

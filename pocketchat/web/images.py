@@ -4,15 +4,15 @@ every conversation route: another user's conversation or image is a 404."""
 
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request, UploadFile
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from pocketchat.errors import Unavailable
 from pocketchat.records import possible_id
 from pocketchat.state import chat_state
-from pocketchat.web.documents import take_upload
 from pocketchat.web.routes import borrowed
 from pocketchat.web.sign_in import user_of
+from pocketchat.web.uploads import take_upload
 
 router = APIRouter()
 NO_IMAGE = "This conversation has no such image."
@@ -21,12 +21,12 @@ CACHE = "private, max-age=86400"
 
 
 @router.post("/api/conversations/{conversation_id}/images", status_code=201)
-async def attach_image(request: Request, conversation_id: str, file: UploadFile) -> JSONResponse:
+async def attach_image(request: Request, conversation_id: str) -> JSONResponse:
     """Attach an image for the next message: 201 `{id, name, type, size, width, height}`. Not a PNG, JPEG or
     WebP (by its bytes) gets 415, a damaged or empty one 422, one over a limit 413 or 409, each with why,
-    and nothing is stored. The body was spooled to a temporary file as it came in, refused with 413 once
-    over the limit (web/body_limit.py)."""
-    return await take_upload(request, conversation_id, file, chat_state(request.app).images.add)
+    and nothing is stored. The body was spooled to a temporary file as it came in, refused as a document's
+    is (web/uploads.py)."""
+    return await take_upload(request, conversation_id, chat_state(request.app).images)
 
 
 @router.get("/api/conversations/{conversation_id}/images")

@@ -5,7 +5,7 @@ import is its importer's, and another user's import or conversation is a 404."""
 import json
 from typing import Any
 
-from fastapi import APIRouter, HTTPException, Request, UploadFile
+from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from pocketchat.records import possible_id
@@ -15,6 +15,7 @@ from pocketchat.transfer.native import to_file
 from pocketchat.transfer.tree import BadFile, ConversationTree
 from pocketchat.web.routes import borrowed
 from pocketchat.web.sign_in import user_of
+from pocketchat.web.uploads import one_upload, the_file
 
 router = APIRouter()
 
@@ -48,24 +49,27 @@ async def export_json(request: Request, conversation_id: str) -> Response:
 
 
 @router.post("/api/imports", status_code=202)
-async def start_import(request: Request, file: UploadFile) -> JSONResponse:
+async def start_import(request: Request) -> JSONResponse:
     """Import a file: checked whole first (a bad one gets 422 saying where and why, and nothing is
     stored), then 202 `{id, status: "importing", total, imported, dropped}`; its conversations are written
     in the background (`GET /api/imports/{id}`). 409 while the user has an import under way; 413 over
-    --limit-import-bytes (as the body comes in: it is spooled to a temporary file)."""
+    --limit-import-bytes (as the body comes in: it is spooled to a temporary file); 429 while two of the
+    user's uploads come in (web/uploads.py)."""
     state = chat_state(request.app)
-    try:
-        if (file.size or 0) > state.settings.limit_import_bytes:
-            raise HTTPException(
-                413, f"The file is over the import limit of {state.settings.limit_import_bytes:,} bytes."
-            )
-        job = await state.imports.start(user_of(request), file.file)
-    except BadFile as bad:
-        raise HTTPException(bad.status, bad.message) from None
-    except ImportRunning as running:
-        raise HTTPException(409, str(running)) from None
-    finally:
-        await file.close()
+    async with one_upload(request):
+        file = await the_file(request)
+        try:
+            if (file.size or 0) > state.settings.limit_import_bytes:
+                raise HTTPException(
+                    413, f"The file is over the import limit of {state.settings.limit_import_bytes:,} bytes."
+                )
+            job = await state.imports.start(user_of(request), file.file)
+        except BadFile as bad:
+            raise HTTPException(bad.status, bad.message) from None
+        except ImportRunning as running:
+            raise HTTPException(409, str(running)) from None
+        finally:
+            await file.close()
     return JSONResponse(job.to_wire(), status_code=202)
 
 
