@@ -6,12 +6,16 @@ import io
 import os
 import pickle
 import signal
+import subprocess
+import sys
 import time
 
+import psutil
 import pytest
 
 from pocketchat.jobs import JobFailed, Jobs, OverBudget
 from pocketchat.jobs.wire import JOB_FUNCTIONS, answer_of
+from tests.conftest import ROOT
 from utils.calculator import CalculationError, calculate
 from utils.chunking import chunk_pages
 from utils.read_document import Page, UnreadableDocument, read_document
@@ -162,3 +166,33 @@ async def test_a_bug_in_a_job_is_a_job_failed_and_the_worker_stays():
         assert await pool.run("alice", calculate, "1 + 1") == 2
     finally:
         await pool.aclose()
+
+
+APP = """
+import asyncio, sys, time
+from pocketchat.jobs import Jobs
+from pocketchat.jobs.wire import JOB_FUNCTIONS
+
+async def main():
+    jobs = Jobs(1, 1, 60, 10**9, JOB_FUNCTIONS | {"time:sleep"})
+    job = asyncio.create_task(jobs.run("alice", time.sleep, 60))
+    while not jobs._running:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(1)
+    print(next(iter(jobs._workers)).process.pid, flush=True)
+    await job
+
+asyncio.run(main())
+"""
+
+
+def test_a_worker_dies_with_the_app_even_in_the_middle_of_a_job():
+    with subprocess.Popen([sys.executable, "-c", APP], stdout=subprocess.PIPE, cwd=ROOT) as app:
+        try:
+            worker = psutil.Process(int(app.stdout.readline()))
+            assert worker.is_running()
+            app.kill()
+            app.wait()
+            worker.wait(timeout=10)  # psutil.TimeoutExpired if it outlived the app
+        finally:
+            app.kill()

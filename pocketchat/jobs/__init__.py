@@ -88,7 +88,8 @@ class Jobs:
         self.per_user = max(1, min(per_user, workers))
         self.seconds = seconds
         self.memory_bytes = memory_bytes
-        self._idle: list[Worker] = []  # started, and free
+        self._workers: set[Worker] = set()  # every worker started and not killed
+        self._idle: list[Worker] = []  # of those, the free ones
         self._running: collections.Counter[str] = collections.Counter()  # places taken, by user
         self._waiting: dict[str, collections.deque[asyncio.Future[None]]] = {}  # jobs waiting for a place
         self._served: dict[str, int] = {}  # when each user running or waiting last got a place
@@ -140,8 +141,12 @@ class Jobs:
         """One job on a free worker (started if none is). The worker goes back to the free ones after a
         job that ended as it should; killed otherwise (over time, cancelled, dead, over memory)."""
         while self._idle and not self._idle[-1].alive:
-            self._idle.pop()
-        worker = self._idle.pop() if self._idle else await Worker.start(self.functions)
+            self._workers.discard(self._idle.pop())
+        if self._idle:
+            worker = self._idle.pop()
+        else:
+            worker = await Worker.start(self.functions)
+            self._workers.add(worker)
         kind = "cancelled"
         try:
             kind, value = await asyncio.wait_for(worker.call(reference, args, memory), seconds)
@@ -158,6 +163,7 @@ class Jobs:
             if kind in ("ok", "raised", "failed") and worker.alive:
                 self._idle.append(worker)
             else:
+                self._workers.discard(worker)
                 await asyncio.shield(worker.kill())
         return kind, value
 
@@ -204,5 +210,5 @@ class Jobs:
             self._served[owner] = next(self._tickets)
 
     async def aclose(self) -> None:
-        idle, self._idle = self._idle, []
-        await asyncio.gather(*(worker.kill() for worker in idle), return_exceptions=True)
+        workers, self._workers, self._idle = self._workers, set(), []
+        await asyncio.gather(*(worker.kill() for worker in workers), return_exceptions=True)

@@ -4,10 +4,13 @@ read from stdin, and writes its answer to stdout (pocketchat/jobs/wire.py), each
 line (pocketchat/jobs/wire.py's JOB_FUNCTIONS). Its time budget is the app's to enforce: it kills the worker.
 """
 
+import contextlib
+import ctypes
 import importlib
 import os
 import pickle
 import resource
+import signal
 import sys
 import traceback
 from collections.abc import Callable
@@ -16,6 +19,15 @@ from typing import Any, BinaryIO
 from pocketchat.jobs.wire import ANSWER_CLASSES, HEADER, frame, length_of
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_the_app(app: int) -> None:
+    """Be killed when the app dies (Linux), even in the middle of a job it would have stopped."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != app:  # it died before that was set
+        sys.exit(0)
 
 
 def virtual_bytes() -> int:
@@ -65,5 +77,6 @@ def serve(requests: BinaryIO, answers: BinaryIO, functions: frozenset[str]) -> N
 
 
 if __name__ == "__main__":
+    die_with_the_app(os.getppid())
     os.nice(10)  # never urgent: the app's chats get the CPU first
     serve(sys.stdin.buffer, sys.stdout.buffer, frozenset(sys.argv[1:]))
