@@ -27,6 +27,7 @@ from pocketchat.errors import BadFrame, ProtocolError, ProviderError, RateLimite
 from pocketchat.records import ConversationRecord, possible_id
 
 PROTOCOL_VERSION = 1
+MAX_DEPTH = 64  # lists and objects in one frame, nested (a tool declaration's schema, a tool's result)
 
 
 def unicode_text(value: object) -> object:
@@ -171,6 +172,8 @@ def parse_client_frame(message: Mapping[str, Any], max_bytes: int) -> ClientFram
         data = _loads_slowly(text)
     if not isinstance(data, dict):
         raise BadFrame("Frame must be a JSON object.")
+    if _too_deep(data):
+        raise BadFrame(f"Frame is nested too deeply (over {MAX_DEPTH} levels).")
     if data.get("type") not in CLIENT_FRAME_TYPES:
         shown = repr(data.get("type"))[:40]  # not echoed whole: a client could make it any size
         raise BadFrame(f"Unknown frame type {shown}; expected one of {', '.join(CLIENT_FRAME_TYPES)}.")
@@ -183,6 +186,22 @@ def parse_client_frame(message: Mapping[str, Any], max_bytes: int) -> ClientFram
             raise BadFrame(f"'{where}' must not be empty.") from None
         message = first["msg"].removeprefix("Value error, ")
         raise BadFrame(f"'{where}': {message}.") from None
+
+
+def _too_deep(data: Any) -> bool:
+    """Whether `data` nests lists and objects over MAX_DEPTH deep: what reads it later (the model's prompt,
+    the database's JSON) would recurse that deep. Walked without recursion."""
+    level: list[Any] = [data]
+    for _ in range(MAX_DEPTH + 1):
+        level = [
+            inner
+            for value in level
+            for inner in (value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())
+            if isinstance(inner, dict | list)
+        ]
+        if not level:
+            return False
+    return True
 
 
 def _loads_slowly(text: str) -> Any:

@@ -444,6 +444,8 @@ def test_a_server_failure_outside_a_turn_closes_the_socket_with_1011_and_the_ser
 
 # Rule 6: bad input changes nothing
 
+TOOL_RESULT = '{"type": "tool_result", "call_id": "c1", "result": '
+
 
 @pytest.mark.parametrize(
     ("raw", "code", "says"),
@@ -458,6 +460,9 @@ def test_a_server_failure_outside_a_turn_closes_the_socket_with_1011_and_the_ser
         ('{"type": "hello", "conversation_id": 7}', "bad_frame", "'conversation_id'"),
         ('{"type": "stop", "turn_id": []}', "bad_frame", "'turn_id'"),
         ("[" * 100_000 + "]" * 100_000, "bad_frame", "nested too deeply"),
+        # Deep enough for what reads it later, not for the parser: a client tool's answer (issue 31, item 11).
+        (TOOL_RESULT + "[" * 990 + "]" * 990 + "}", "bad_frame", "nested"),
+        (TOOL_RESULT + '{"a":' * 990 + "1" + "}" * 991, "bad_frame", "nested"),
         ('{"type": "message", "content": "\\ud83d"}', "bad_frame", "lone surrogate"),
         ('{"type": "message", "content": "a\\u0000b"}', "bad_frame", "NUL"),
         (b'{"type": "hello"}', "bad_frame", "Binary frames"),
