@@ -8,8 +8,8 @@ import asyncio
 import contextlib
 import io
 import logging
-import re
 import time
+import unicodedata
 from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO
@@ -33,7 +33,7 @@ STALE_SECONDS = 20.0
 SWEEP_SECONDS = 5.0  # how often a replica looks for them
 REPORT_SECONDS = 0.5  # progress is told (and written) at most this often
 NAME_CHARACTERS = 200
-CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+JOINERS = "\u200c\u200d"  # format characters a name keeps: they join emoji and the letters of some scripts
 
 
 class UploadRefused(Exception):
@@ -63,10 +63,17 @@ def make_embedder(settings: Settings, provider: Any) -> Embedder:
 
 
 def file_name(raw: str | None, default: str = "document.txt") -> str:
-    """The name an upload is shown by: its last path part, no control characters, 200 characters at most."""
+    """The name an upload is shown by: its last path part, without control or format characters (a
+    right-to-left override would show `invoice\u202etxt.exe.md` as "invoicedm.exe.txt"), 200 characters at
+    most, cut before its suffix (which says its kind)."""
     name = PurePosixPath((raw or "").replace("\\", "/")).name
-    name = CONTROL.sub("", name.encode("utf-8", "replace").decode()).strip()
-    return name[:NAME_CHARACTERS] or default
+    name = name.encode("utf-8", "replace").decode()
+    name = "".join(char for char in name if char in JOINERS or unicodedata.category(char) not in ("Cc", "Cf")).strip()
+    if len(name) > NAME_CHARACTERS:
+        path = PurePosixPath(name)
+        suffix = path.suffix if len(path.suffix) <= 20 else ""
+        name = path.name[: len(path.name) - len(suffix)][: NAME_CHARACTERS - len(suffix)].rstrip() + suffix
+    return name or default
 
 
 class Library:

@@ -95,3 +95,18 @@ def test_a_chunked_upload_is_refused_once_it_passes_the_users_quota(start_app):
     connection.close()
     assert status == 409
     assert sent < 3 * MB  # answered once past the room left, not after the whole 10 MB
+
+
+def test_a_files_name_shows_as_it_reads_keeps_its_kind_and_a_huge_one_is_refused_plainly(start_app):
+    """Issue 31, item 13: a right-to-left override showed `invoice\u202etxt.exe.md` as "invoicedm.exe.txt"; a name
+    over 200 characters lost its suffix and was refused as no kind of file; a 5,000-byte name got "Invalid
+    multipart data"."""
+    app = start_app()
+    _, conversation_id = new_conversation(app)
+    status, document = upload(app, conversation_id, "invoice\u202etxt.exe.md", b"Total: 12 euros.")
+    assert status == 201 and document["name"] == "invoicetxt.exe.md"
+    status, document = upload(app, conversation_id, "n" * 300 + ".md", b"A long name.")
+    assert status == 201 and document["name"] == "n" * 197 + ".md"
+    status, answer = upload(app, conversation_id, "x" * 5000 + ".md", b"Too long a name.")
+    assert status == 400 and "name is too long" in answer["detail"]
+    assert len(documents(app, conversation_id)) == 2

@@ -12,6 +12,7 @@ from typing import Any, BinaryIO, Protocol
 from fastapi import HTTPException, Request
 from fastapi.responses import JSONResponse
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pocketchat.documents import UploadRefused
 from pocketchat.state import chat_state
@@ -61,12 +62,27 @@ async def the_file(request: Request, room: int | None = None) -> UploadFile:
     """The request's one file (multipart field `file`), spooled to a temporary file as it comes in; OverRoom
     once it passes `room` bytes."""
     receive = request.receive if room is None else counted(request.receive, room + MULTIPART_BYTES, OverRoom)
-    form = await Request(request.scope, receive).form(max_files=1, max_fields=1)
+    try:
+        form = await Request(request.scope, receive).form(max_files=1, max_fields=1)
+    except StarletteHTTPException as bad:  # its 400 "Invalid multipart data.", whatever the cause
+        raise HTTPException(400, _unreadable(bad)) from None
     file = form.get("file")
     if not isinstance(file, UploadFile):
         await form.close()
         raise HTTPException(422, NO_FILE)
     return file
+
+
+def _unreadable(bad: BaseException) -> str:
+    """Why a multipart body could not be read, for the user: the parser's reason is in the exception chain."""
+    reasons = []
+    cause: BaseException | None = bad
+    while cause is not None and len(reasons) < 10:
+        reasons.append(str(cause))
+        cause = cause.__cause__ or cause.__context__
+    if any("header size" in reason for reason in reasons):
+        return "The file's name is too long (a part's headers may take 4 KB at most): rename it and send it again."
+    return "The upload is not multipart form data PocketChat can read; send the file as the field “file”."
 
 
 async def take_upload(request: Request, conversation_id: str, uploads: Uploads) -> JSONResponse:
