@@ -18,6 +18,8 @@ is then built whole.
 - search: queries of one user through the store's `search` (what GET /api/search runs), 1 to 3 words
   taken from that user's messages (so that they match), a third of them with the last word cut to its
   first 4 to 6 letters as while typing: median and p95.
+
+`--modes huge`: a 7 MB message found by 4 searches at once, in both modes (bench/search_huge.py).
 """
 
 import argparse
@@ -37,6 +39,7 @@ from typing import Any
 import asyncpg
 import numpy as np
 
+from bench import search_huge
 from pocketchat.records import Message, new_id
 from pocketchat.search import PREFIX_MIN, parse_query
 from pocketchat.store import postgres, sqlite
@@ -405,6 +408,9 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--modes", default="sqlite,postgres")
     args = parser.parse_args()
+    if args.modes == "huge":
+        search_huge.run(["sqlite", "postgres"], search_huge.ROUNDS)
+        return
     started = time.perf_counter()
     corpus = Corpus(args.conversations, args.messages, args.users)
     queries = corpus.queries("user0", args.queries)

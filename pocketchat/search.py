@@ -8,6 +8,7 @@ the index when the delete commits. Each store finds the candidates (`Candidates`
 them hits: one a conversation, at its best-matching message, the title weighing more than a message.
 """
 
+import functools
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -30,7 +31,17 @@ CANDIDATES = 300
 # counts twice the best message (each score taken over the best of its kind in the answer: BM25 and
 # ts_rank have scales of their own, and BM25 gives a word found in most titles almost nothing).
 TITLE_WEIGHT = 2.0
+# A message is searchable by its first SEARCHABLE_CHARACTERS: the index reads no more of it (SQLite's
+# schema step 15 and PostgreSQL's 13 hold the same number; PostgreSQL's says why this one), and a snippet
+# is made from no more. So what a search costs does not grow with the length of the messages it finds.
+SEARCHABLE_CHARACTERS = 65_536
+# SQLite's messages are ranked by BM25 over their first RANKED_CHARACTERS (about 700 words: the whole of
+# nearly every message), computed here: a ranking of CANDIDATES messages reads a bounded amount of text.
+RANKED_CHARACTERS = 4_096
 SNIPPET_TOKENS = 20  # words in a snippet, about
+# Characters in a snippet, at most (a word may be as long as a message), and before its first match
+# when it had to be cut.
+SNIPPET_CHARACTERS, CLIP_CONTEXT = 240, 40
 # What the databases wrap a matching word in, in a snippet; turned into `highlights` here. Private-use
 # characters: a message that holds one gets a snippet without highlights (never a wrong one).
 MARK_START, MARK_END = "\ue000", "\ue001"
@@ -174,15 +185,21 @@ def keys(ranked: Iterable[tuple[str, Any | None, float]]) -> list[Any]:
 BM25_K1, BM25_B = 1.2, 0.75  # BM25's usual constants (FTS5's too)
 TOKEN = re.compile(r"\w+")
 CONTEXT_TOKENS = 6  # words shown before the first match in a snippet
+# A snippet's words are read this far either side of its first match, never further: enough for
+# SNIPPET_TOKENS words of any ordinary text, and a bound on the work for any text at all.
+WINDOW = 400
 
 
 def fold(text: str) -> str:
-    """Lower case without diacritics, character for character (the same length: offsets stay true)."""
+    """Lower case without diacritics, character for character (the same length: offsets stay true).
+    One table of the text's distinct characters, applied in C: a per-character loop in Python took
+    seconds over the longest messages."""
     if text.isascii():
         return text.lower()
-    return "".join(_fold_character(character) for character in text)
+    return text.translate({ord(character): _fold_character(character) for character in set(text)})
 
 
+@functools.lru_cache(maxsize=4096)
 def _fold_character(character: str) -> str:
     base = unicodedata.normalize("NFKD", character)[:1].lower()
     return base if len(base) == 1 else character
@@ -203,7 +220,8 @@ def term_patterns(query: SearchQuery) -> list[re.Pattern[str]]:
 
 def bm25_scores(texts: list[str], patterns: list[re.Pattern[str]]) -> list[float]:
     """BM25 of each text for the query's words: their counts and the text's length against the average.
-    Every text here holds every word (the index found them so), so the words' rarity weighs them alike."""
+    Every text here holds every word (the index found them so), so the words' rarity weighs them alike.
+    The callers pass a bounded start of each message (RANKED_CHARACTERS): its cost is bounded too."""
     folded = [fold(text) for text in texts]
     lengths = [text.count(" ") + 1 for text in folded]  # about its words: fast, and enough for BM25
     average = sum(lengths) / len(lengths) if lengths else 1.0
@@ -217,28 +235,49 @@ def bm25_scores(texts: list[str], patterns: list[re.Pattern[str]]) -> list[float
 
 def matches(text: str, patterns: list[re.Pattern[str]]) -> Ranges:
     """Where the query's words are in the text, in order, as [start, end) character ranges."""
-    folded = fold(text)
-    found = sorted({match.span() for pattern in patterns for match in pattern.finditer(folded)})
+    return _matches(fold(text), patterns, 0, len(text))
+
+
+def _matches(folded: str, patterns: list[re.Pattern[str]], start: int, end: int) -> Ranges:
+    """`matches` of folded text, between `start` and `end` only."""
+    found = sorted({match.span() for pattern in patterns for match in pattern.finditer(folded, start, end)})
     ranges: Ranges = []
-    for start, end in found:
-        if not ranges or start >= ranges[-1][1]:
-            ranges.append((start, end))
+    for begin, finish in found:
+        if not ranges or begin >= ranges[-1][1]:
+            ranges.append((begin, finish))
     return ranges
 
 
 def excerpt(text: str, patterns: list[re.Pattern[str]], size: int = SNIPPET_TOKENS) -> tuple[str, Ranges]:
     """About `size` words of the text from a little before its first match, with … where it was cut,
-    and the ranges of the matches in it."""
-    words = [match.span() for match in TOKEN.finditer(text)]
-    ranges = matches(text, patterns)
-    if len(words) <= size:
-        return text, ranges
-    first = ranges[0][0] if ranges else 0
+    and the ranges of the matches in it. Only WINDOW characters either side of the first match are read
+    for words, and the snippet is `clip`ped: a text of one 60,000-letter word gives a snippet as short."""
+    folded = fold(text)
+    first = min((found.start() for pattern in patterns if (found := pattern.search(folded))), default=0)
+    low, high = max(0, first - WINDOW), min(len(text), first + WINDOW)
+    words = [match.span() for match in TOKEN.finditer(text, low, high)]
+    if words and low > 0 and words[0][0] == low:
+        words.pop(0)  # a word the window's start cut
+    if words and high < len(text) and words[-1][1] == high:
+        words.pop()  # or its end
     at = next((n for n, (_, end) in enumerate(words) if end > first), 0)
     begin = max(0, min(at - CONTEXT_TOKENS, len(words) - size))
-    start = words[begin][0] if begin > 0 else 0
-    end = words[begin + size - 1][1] if begin + size < len(words) else len(text)
+    last = min(begin + size, len(words)) - 1  # the last word shown
+    start = words[begin][0] if words and (begin > 0 or low > 0) else low
+    end = words[last][1] if words and (last < len(words) - 1 or high < len(text)) else high
+    if end <= first:  # the match is in a word the window cut: up to the window's end, then clipped
+        end = high
+    return clip(text, start, end, _matches(folded, patterns, start, end))
+
+
+def clip(text: str, start: int, end: int, ranges: Ranges) -> tuple[str, Ranges]:
+    """`text[start:end]`, at most SNIPPET_CHARACTERS of it from a little before its first range, with …
+    where the text goes on, and the ranges within what is shown, made relative to it."""
+    if end - start > SNIPPET_CHARACTERS:
+        first = ranges[0][0] if ranges else start
+        start = max(start, min(first - CLIP_CONTEXT, end - SNIPPET_CHARACTERS))
+        end = start + SNIPPET_CHARACTERS
     lead = "…" if start > 0 else ""
     shift = len(lead) - start
     shown = lead + text[start:end] + ("…" if end < len(text) else "")
-    return shown, [(a + shift, b + shift) for a, b in ranges if a >= start and b <= end]
+    return shown, [(a + shift, min(b, end) + shift) for a, b in ranges if a >= start and a < end]

@@ -217,6 +217,38 @@ BEGIN
 END
 $$;
 """,
+    # A message is indexed by its first 65,536 characters (pocketchat/search.py's SEARCHABLE_CHARACTERS):
+    # a tsvector holds at most 1 MB (1,048,575 bytes) of lexemes and positions, and to_tsvector raises
+    # past it ("string is too long for tsvector"), which failed the statement writing the message: a long
+    # reply ended `internal`, an import failed for good. Within 65,536 characters it cannot: each
+    # character is in at most two of the parser's tokens (a hyphenated word and its part; a URL and its
+    # host or path), each token makes at most one lexeme (the english configuration's dictionaries), of
+    # at most 4 bytes a character, and costs at most 5 bytes more (alignment, a position count, one
+    # position; more positions come from more tokens); tokens (at least a character and a separator
+    # each, a compound three) are at most 0.75 a character: 8 + 5 x 0.75 = 11.75 bytes a character at
+    # most, 770,048 bytes. The worst text measured takes 7.5 (distinct four-byte letters in pairs, "X-Y").
+    # Titles (at most 1,000 characters) and document passages (about 700) stay far below. The UPDATE
+    # indexes the long messages stored before again (octet_length: the stored size, nothing read).
+    """
+CREATE OR REPLACE FUNCTION messages_words() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    owner_lexeme TEXT;
+BEGIN
+    IF NEW.status = 'streaming' THEN
+        NEW.words := NULL;
+    ELSIF TG_OP = 'INSERT' AND EXISTS (SELECT 1 FROM messages WHERE id = NEW.id) THEN
+        RETURN NEW;  -- it conflicts: the update's trigger writes the words, if the row is updated
+    ELSE
+        SELECT '~' || encode(sha256(convert_to(owner, 'UTF8')), 'hex') INTO owner_lexeme
+            FROM conversations WHERE id = NEW.conversation_id;
+        NEW.words := to_tsvector('english', translate(left(NEW.content, 65536), '<', ' '))
+            || array_to_tsvector(ARRAY[coalesce(owner_lexeme, '~')]);
+    END IF;
+    RETURN NEW;
+END
+$$;
+UPDATE messages SET status = status WHERE status != 'streaming' AND octet_length(content) > 65536;
+""",
 ]
 
 

@@ -1,5 +1,6 @@
 """Search in PostgreSQL: tsvector columns with GIN indexes over messages and titles (the trigger and
-columns of its schema's step 8), ranked by ts_rank."""
+columns of its schema's steps 8, 12 and 13), ranked by ts_rank; snippets by ts_headline over the part of
+a message the index holds."""
 
 import hashlib
 from collections.abc import Awaitable, Callable
@@ -12,12 +13,14 @@ from pocketchat.search import (
     CANDIDATES,
     MARK_END,
     MARK_START,
+    SEARCHABLE_CHARACTERS,
     SNIPPET_TOKENS,
     Candidates,
     Ranges,
     SearchHit,
     SearchQuery,
     assemble,
+    clip,
     highlighted,
     keys,
 )
@@ -43,13 +46,14 @@ def as_read(text: str) -> str:
 
 def shown(marked: str | None, source: str | None) -> tuple[str, Ranges]:
     """A headline of `as_read(source)` as plain text and highlights, its text taken back from the source
-    itself (the same length: only '<' differs), so that a snippet shows what was written."""
+    itself (the same length: only '<' differs), so that a snippet shows what was written; `clip`ped, as
+    a headline holds whole words, and a word may be thousands of characters."""
     text, ranges = highlighted(marked, source)
-    if source is None or not text:
-        return text, ranges
-    source = source.replace(MARK_START, "").replace(MARK_END, "")  # as `highlighted` left the text
-    at = as_read(source).find(text)
-    return (source[at : at + len(text)] if at >= 0 else text), ranges
+    if source is not None and text:
+        source = source.replace(MARK_START, "").replace(MARK_END, "")  # as `highlighted` left the text
+        at = as_read(source).find(text)
+        text = source[at : at + len(text)] if at >= 0 else text
+    return clip(text, 0, len(text), ranges)
 
 
 def owner_lexeme(owner: str) -> str:
@@ -78,13 +82,13 @@ class PostgresSearch:
         `leave_out_turn` (the model's search tool)."""
         if not terms:
             return []
-        query = (
-            "SELECT m.conversation_id, c.title, m.role, m.content, m.created_at"
+        query = (  # the part of each message the index holds, where its words are (the tool's excerpt)
+            "SELECT m.conversation_id, c.title, m.role, left(m.content, $5), m.created_at"
             " FROM messages m JOIN conversations c ON c.id = m.conversation_id, to_tsquery('english', $1) q"
             " WHERE numnode(q) > 0 AND m.words @@ (q && $2::tsquery) AND m.turn_id IS DISTINCT FROM $3"
             f" AND m.conversation_id NOT IN {PARTIAL} ORDER BY m.seq DESC LIMIT $4"
         )
-        args = (tsquery(SearchQuery(tuple(terms))), owner_lexeme(owner), leave_out_turn, most)
+        args = (tsquery(SearchQuery(tuple(terms))), owner_lexeme(owner), leave_out_turn, most, SEARCHABLE_CHARACTERS)
         rows = await self._read(lambda db: db.fetch(query, *args))
         return [MessageHit(*row) for row in rows]
 
@@ -112,12 +116,16 @@ async def _search(db: asyncpg.Connection, owner: str, words: str, limit: int) ->
     )
     candidates.titles = {conversation_id: score for conversation_id, score in titles}
     ranked = candidates.best(limit)
+    # Headlines of the part of each message the index holds (where its words are): ts_headline's time
+    # grows with the text it reads (about 25 ms for 65,536 characters; 7 MB took seconds).
     rows = await db.fetch(
-        "SELECT m.seq, m.id, m.role, ts_headline('english', translate(m.content, '<', ' '), q, $3), m.content"
-        " FROM messages m, to_tsquery('english', $1) q WHERE m.seq = ANY($2::bigint[])",
+        "SELECT m.seq, m.id, m.role, ts_headline('english', translate(m.text, '<', ' '), q, $3), m.text"
+        " FROM (SELECT seq, id, role, left(content, $4) AS text FROM messages WHERE seq = ANY($2::bigint[])) m,"
+        " to_tsquery('english', $1) q",
         words,
         keys(ranked),
         HEADLINE,
+        SEARCHABLE_CHARACTERS,
     )
     snippets = {seq: (message_id, role, *shown(marked, content)) for seq, message_id, role, marked, content in rows}
     rows = await db.fetch(

@@ -318,6 +318,45 @@ CREATE TRIGGER messages_text_update AFTER UPDATE OF content, status ON messages
     INSERT INTO messages_unindexed(seq) SELECT new.seq WHERE new.status != 'streaming';
 END;
 """,
+    # A message is indexed by its first 65,536 characters (pocketchat/search.py's SEARCHABLE_CHARACTERS,
+    # as PostgreSQL's step 13): FTS5 accepts any length, but an imported 7 MB message cost each search
+    # that met it seconds (tokenized again while it waited to go in the index), and its writes as much.
+    # The view is what the index holds; every 'delete' must give FTS5 the text it was given, so the
+    # triggers that take a message out use the same start of it. The long messages in the index go out
+    # with their whole text (the view as it was), then back in by their start (the view as it is now).
+    """
+CREATE TEMP TABLE long_messages AS SELECT seq FROM messages
+    WHERE length(content) > 65536 AND status != 'streaming' AND seq <= (SELECT seq FROM messages_index_mark)
+    AND seq NOT IN (SELECT seq FROM messages_unindexed);
+INSERT INTO messages_text(messages_text, rowid, content, owner)
+    SELECT 'delete', seq, content, owner FROM messages_indexed WHERE seq IN (SELECT seq FROM long_messages);
+DROP VIEW messages_indexed;
+CREATE VIEW messages_indexed (seq, content, owner) AS
+    SELECT m.seq, substr(m.content, 1, 65536), hex(c.owner) FROM messages m
+    JOIN conversations c ON c.id = m.conversation_id WHERE m.status != 'streaming';
+INSERT INTO messages_text(rowid, content, owner)
+    SELECT seq, content, owner FROM messages_indexed WHERE seq IN (SELECT seq FROM long_messages);
+DROP TABLE long_messages;
+DROP TRIGGER messages_text_delete;
+DROP TRIGGER messages_text_update;
+CREATE TRIGGER messages_text_delete AFTER DELETE ON messages
+    WHEN old.status != 'streaming' AND old.seq <= (SELECT seq FROM messages_index_mark) BEGIN
+    INSERT INTO messages_text(messages_text, rowid, content, owner)
+        SELECT 'delete', old.seq, substr(old.content, 1, 65536), hex(owner) FROM conversations
+        WHERE id = old.conversation_id AND old.seq NOT IN (SELECT seq FROM messages_unindexed);
+    DELETE FROM messages_unindexed WHERE seq = old.seq;
+END;
+CREATE TRIGGER messages_text_update AFTER UPDATE OF content, status ON messages
+    WHEN (old.status != 'streaming' OR new.status != 'streaming') AND old.seq <= (SELECT seq FROM messages_index_mark)
+    BEGIN
+    INSERT INTO messages_text(messages_text, rowid, content, owner)
+        SELECT 'delete', old.seq, substr(old.content, 1, 65536), hex(owner) FROM conversations
+        WHERE old.status != 'streaming' AND id = old.conversation_id
+        AND old.seq NOT IN (SELECT seq FROM messages_unindexed);
+    DELETE FROM messages_unindexed WHERE seq = old.seq;
+    INSERT INTO messages_unindexed(seq) SELECT new.seq WHERE new.status != 'streaming';
+END;
+""",
 ]
 
 

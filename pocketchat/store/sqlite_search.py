@@ -1,5 +1,6 @@
 """Search in the SQLite file: FTS5 over messages and titles (the tables and triggers of its schema's steps
-9, 12 and 14), ranked by BM25 (titles by FTS5's; messages from their text, pocketchat/search.py)."""
+9, 12, 14 and 15), ranked by BM25 (titles by FTS5's; messages from the start of their text, and their
+snippets from the part the index holds: pocketchat/search.py)."""
 
 import json
 import re
@@ -10,6 +11,8 @@ from typing import Any
 from pocketchat.records import MessageHit
 from pocketchat.search import (
     CANDIDATES,
+    RANKED_CHARACTERS,
+    SEARCHABLE_CHARACTERS,
     Candidates,
     SearchHit,
     SearchQuery,
@@ -68,17 +71,30 @@ class SqliteSearch:
             try:
                 seqs = _newest(db, owner, query, most, leave_out_turn)
                 rows = db.execute(
-                    "SELECT m.conversation_id, c.title, m.role, m.content, m.created_at FROM messages m"
-                    " JOIN conversations c ON c.id = m.conversation_id"
+                    "SELECT m.seq, m.conversation_id, c.title, m.role, m.created_at"
+                    " FROM messages m JOIN conversations c ON c.id = m.conversation_id"
                     " WHERE m.seq IN (SELECT value FROM json_each(?))"
                     f" AND m.conversation_id NOT IN {PARTIAL} ORDER BY m.seq DESC",
                     (json.dumps(seqs),),
                 ).fetchall()
+                # The part of each message the index holds, where its words are (the tool's excerpt).
+                texts = starts(db, [row["seq"] for row in rows], SEARCHABLE_CHARACTERS)
             finally:
                 db.rollback()
-            return [MessageHit(*row) for row in rows]
+            return [MessageHit(c, title, role, texts[seq], created) for seq, c, title, role, created in rows]
 
         return await self._read(work)
+
+
+def starts(db: sqlite3.Connection, seqs: list[int], characters: int) -> dict[int, str]:
+    """The first `characters` of each message's text, by its seq, in that order. Read as a blob (SQLite's
+    incremental I/O), the bytes needed and no more (UTF-8: at most 4 a character): a SELECT of the text,
+    substr() or not, loads all of it first, 2 ms for a 7 MB message, at each search that finds it."""
+    texts = {}
+    for seq in seqs:
+        with db.blobopen("messages", "content", seq, readonly=True) as blob:
+            texts[seq] = blob.read(4 * characters).decode("utf-8", "ignore")[:characters]
+    return texts
 
 
 def _newest(db: sqlite3.Connection, owner: str, query: SearchQuery, most: int, leave_out_turn: str | None) -> list[int]:
@@ -104,9 +120,10 @@ def _newest(db: sqlite3.Connection, owner: str, query: SearchQuery, most: int, l
         )
     seqs = [seq for (seq,) in indexed]
     # CROSS JOIN: the few waiting messages first (the planner, knowing no sizes, would start from the
-    # owner's conversations and read all their messages).
+    # owner's conversations and read all their messages). Their status, after the text in a row, costs
+    # SQLite a walk along a long text's pages (a few milliseconds for 7 MB), for as long as it waits.
     waiting = db.execute(
-        "SELECT m.seq, m.content FROM ("
+        "SELECT m.seq FROM ("
         "  SELECT seq FROM messages WHERE seq > (SELECT seq FROM messages_index_mark) AND status != 'streaming'"
         "  UNION ALL SELECT seq FROM messages_unindexed"
         ") u CROSS JOIN messages m ON m.seq = u.seq CROSS JOIN conversations c ON c.id = m.conversation_id"
@@ -115,53 +132,54 @@ def _newest(db: sqlite3.Connection, owner: str, query: SearchQuery, most: int, l
     ).fetchall()
     if waiting:
         db.execute(f"CREATE VIRTUAL TABLE temp.waiting USING fts5(content, tokenize='{TOKENIZER}', detail=column)")
-        db.executemany("INSERT INTO temp.waiting(rowid, content) VALUES (?, ?)", waiting)
+        texts = starts(db, [seq for (seq,) in waiting], SEARCHABLE_CHARACTERS)  # as the index will hold them
+        db.executemany("INSERT INTO temp.waiting(rowid, content) VALUES (?, ?)", texts.items())
         seqs += [seq for (seq,) in db.execute("SELECT rowid FROM temp.waiting WHERE waiting MATCH ?", (words,))]
     return sorted(seqs, reverse=True)[:most]
 
 
 def _search(db: sqlite3.Connection, owner: str, query: SearchQuery, limit: int) -> list[SearchHit]:
     words = match(query)
+    patterns = term_patterns(query)
     # One snapshot: the candidates, their text and their conversations' titles are read as of one moment.
     db.execute("BEGIN")
     try:
-        # The owner's newest matches, ranked below from their text: FTS5's own BM25 would count every row
-        # of the owner's word (its rarity), a read of all the owner's messages at each search.
+        # The owner's newest matches, ranked below from the start of their text: FTS5's own BM25 would
+        # count every row of the owner's word (its rarity), a read of all the owner's messages at each search.
         seqs = _newest(db, owner, query, CANDIDATES, None)
         found = db.execute(
-            "SELECT seq, id, conversation_id, role, content FROM messages"
-            " WHERE seq IN (SELECT value FROM json_each(?))",
+            "SELECT seq, conversation_id FROM messages WHERE seq IN (SELECT value FROM json_each(?))",
             (json.dumps(seqs),),
         ).fetchall()
+        ranked_texts = starts(db, [seq for seq, _ in found], RANKED_CHARACTERS)
         titles = db.execute(
             "SELECT c.id, -bm25(conversations_text) FROM conversations_text JOIN conversations c"
             " ON c.rowid = conversations_text.rowid WHERE conversations_text MATCH ? AND c.owner = ?"
             " ORDER BY conversations_text.rowid DESC LIMIT ?",  # FTS5's BM25: lower is better
             (words, owner, CANDIDATES),
         ).fetchall()
-        ids = {row["conversation_id"] for row in found} | {conversation_id for conversation_id, _ in titles}
+        scores = bm25_scores(list(ranked_texts.values()), patterns)
+        candidates = Candidates(
+            [(seq, conversation_id, score) for (seq, conversation_id), score in zip(found, scores, strict=True)],
+            dict(titles),
+        )
+        ranked = candidates.best(limit)
+        # The hits' text, as much of it as the index holds (where their words are), for their snippets.
+        shown = db.execute(
+            "SELECT seq, id, role FROM messages WHERE seq IN (SELECT value FROM json_each(?))",
+            (json.dumps(keys(ranked)),),
+        ).fetchall()
+        texts = starts(db, [seq for seq, _, _ in shown], SEARCHABLE_CHARACTERS)
         named = db.execute(
             f"SELECT id, title FROM conversations WHERE owner = ? AND id IN (SELECT value FROM json_each(?))"
             f" AND id NOT IN {PARTIAL}",
-            (owner, json.dumps(sorted(ids))),
+            (owner, json.dumps(sorted({conversation_id for conversation_id, _, _ in ranked}))),
         ).fetchall()
     finally:
         db.rollback()
-    patterns = term_patterns(query)
-    scores = bm25_scores([row["content"] for row in found], patterns)
-    candidates = Candidates(
-        [(row["seq"], row["conversation_id"], score) for row, score in zip(found, scores, strict=True)],
-        dict(titles),
-    )
-    ranked = candidates.best(limit)
-    chosen = set(keys(ranked))
-    snippets = {
-        row["seq"]: (row["id"], row["role"], *excerpt(row["content"], patterns))
-        for row in found
-        if row["seq"] in chosen
-    }
-    shown = {
+    snippets = {seq: (message_id, role, *excerpt(texts[seq], patterns)) for seq, message_id, role in shown}
+    titled = {
         conversation_id: (title, matches(title or "", patterns) if conversation_id in candidates.titles else [])
         for conversation_id, title in named
     }
-    return assemble(ranked, snippets, shown)
+    return assemble(ranked, snippets, titled)
