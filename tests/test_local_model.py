@@ -29,6 +29,10 @@ from pocketchat.providers.local import (
 
 pytestmark = pytest.mark.model
 
+# Waits on the embedded model, as long as they hold at a load average of 10 on 2 cores (a turn of 40-120
+# tokens took over 60 s there, and 180 s at a load of 16), and the test's own timeout above them.
+MODEL_WAIT = 240.0
+LOADED = 540
 PROMPT = [{"role": "user", "content": "Write a long story about a lighthouse keeper."}]
 # About 1,100 tokens: 17 slices of the prompt, seconds of evaluation on 2 cores.
 LONG_PROMPT = [
@@ -353,28 +357,31 @@ def test_a_websocket_turn_against_the_embedded_model_completes(local_app):
     assert "".join(f["content"] for f in frames if f["type"] == "chunk").strip()
 
 
+@pytest.mark.timeout(LOADED)
 def test_stop_in_the_middle_then_the_next_turn_works(start_app):
     # 120 tokens: a reply long enough to stop in the middle, short enough on a busy machine.
     app = start_app("--provider", "local", "--max-tokens", "120", "--temperature", "0")
     client = app.client()
     client.hello()
     client.send("message", content=PROMPT[0]["content"])
-    start = client.until("turn_start")[-1]
-    client.until("chunk")
+    start = client.until("turn_start", MODEL_WAIT)[-1]
+    client.until("chunk", MODEL_WAIT)  # the model loads first
     client.send("stop", turn_id=start["turn_id"])
-    end = client.until("turn_end")[-1]
+    end = client.until("turn_end", MODEL_WAIT)[-1]
     assert end["status"] == "stopped"
     assert end["usage"]["completion_tokens"] < 120
     client.send("message", content="Say hi.")
-    assert client.until("turn_end", timeout=60)[-1]["status"] == "complete"
+    assert client.until("turn_end", MODEL_WAIT)[-1]["status"] == "complete"
 
 
+@pytest.mark.timeout(LOADED)
 def test_two_conversations_streaming_at_once_both_complete(local_app):
     a, b = local_app.client(), local_app.client()
     a.hello()
     b.hello()
     a.send("message", content="Tell me about the sea.")
     b.send("message", content="Tell me about mountains.")
-    a_frames, b_frames = a.until("turn_end", 60), b.until("turn_end", 60)
+    # One after the other on the model's one thread: the second waits for the first, all of it.
+    a_frames, b_frames = a.until("turn_end", MODEL_WAIT), b.until("turn_end", MODEL_WAIT)
     assert a_frames[-1]["status"] == b_frames[-1]["status"] == "complete"
     assert any(f["type"] == "queued" for f in a_frames + b_frames)
