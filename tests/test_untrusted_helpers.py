@@ -1,0 +1,100 @@
+"""The leaf helpers that take what a user or a model sends (utils/: the calculator, the clock, reading
+and chunking documents) stay linear or bounded on hostile input: each hostile form of issues 30 and 31
+answers, or is refused with a clear error, well within a generous deadline. A hostile call runs in a
+child process (`within_deadline`): these helpers spin in C code that holds the GIL (the regex engine, big
+integers, a parser), which no timeout inside the test's process can interrupt."""
+
+import multiprocessing
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from utils.calculator import CalculationError, calculate, format_number
+
+# Seconds a hostile call may take: five times what the slowest here takes on an idle machine (so the
+# suite holds at a load of 10 on 2 cores), and well under what each took before its fix.
+DEADLINE = 15
+
+
+def within_deadline(function: Callable[..., Any], *arguments: Any) -> Any:
+    """function(*arguments) in a child process: its answer, or its exception raised here; the test
+    fails if it runs longer than DEADLINE."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:  # leaving it kills the child
+        try:
+            return pool.apply_async(function, arguments).get(DEADLINE)
+        except multiprocessing.TimeoutError:
+            pytest.fail(f"{function.__name__}{arguments!r:.80} still ran after {DEADLINE} s")
+
+
+# ---- the calculator ------------------------------------------------------------------------------
+
+BIG = "(2**999)**8"  # 8,000 bits: the largest integer the calculator makes, in 11 characters
+HOSTILE_EXPRESSIONS = [
+    "round(1,-10**9)",  # took minutes: round computes 10**(10**9) first
+    "round(1,-10**7)",
+    "round(1.5,-10**9)",
+    "round(1,10**9)",
+    f"round({BIG},-2410)",
+    "10**1000 // 3",
+    "10**1000 % 7",
+    f"{BIG} // 3",
+    "floor(1e308)**7",
+    "floor(1e308)**8",
+    "ceil(1e308)*" * 8 + "1",
+    "log(10**1000)",
+    f"log({BIG}, 3)",
+    "sqrt(10**1000)",
+    "exp(1000)",
+    "1e308 % 1e-308",
+    f"{BIG} / 3",
+    "max(" + ",".join([BIG] * 40) + ")",
+    "+".join([BIG] * 40),
+    "+".join([f"{BIG}*127"] * 4),  # each 7,999 bits: their sum is past the bound
+    "+".join([f"{BIG}//(2**499)**8"] * 18),
+    "%".join([BIG] * 40),
+    "*".join(["999"] * 120),
+    "*".join(["floor(1e308)"] * 7),
+    "2**999**999",
+    "9**9**9**9",
+    "(" * 240 + "1" + ")" * 240,  # deeper than Python's parser goes
+    "(" * 190 + "1" + ")" * 190,
+    "-" * 499 + "1",
+    "+-" * 249 + "1",
+    "abs(" * 99 + "1" + ")" * 99,
+    "floor(" * 70 + "1e308" + ")" * 70,
+    "-(" * 160 + "1" + ")" * 160,
+    "+".join(["1"] * 250),
+]
+
+
+def _calculate_each(expressions: list[str]) -> list[tuple[str, str, float]]:
+    """(expression, its answer or "refused: why", seconds) for each; any other exception escapes."""
+    outcomes = []
+    for expression in expressions:
+        started = time.perf_counter()
+        try:
+            outcome = format_number(calculate(expression))
+        except CalculationError as error:
+            outcome = f"refused: {error}"
+        outcomes.append((expression, outcome, time.perf_counter() - started))
+    return outcomes
+
+
+def test_every_hostile_expression_is_answered_or_refused_at_once():
+    outcomes = within_deadline(_calculate_each, HOSTILE_EXPRESSIONS)
+    for expression, outcome, seconds in outcomes:
+        assert seconds < 1, (expression[:60], outcome[:60], seconds)  # milliseconds, in fact
+    answers = {expression: outcome for expression, outcome, _ in outcomes}
+    assert answers["round(1,-10**9)"] == "refused: round() rounds to at most 2500 digits either side of the point."
+    assert answers[f"round({BIG},-2410)"] == "0"
+    assert answers["10**1000 // 3"] == "3" * 1000
+    assert answers["+".join([f"{BIG}*127"] * 4)] == "refused: The result is too large to compute."
+    assert answers["floor(1e308)**8"] == "refused: The power is too large to compute."
+
+
+def test_round_still_rounds_to_a_few_digits_either_side():
+    assert calculate("round(123456, -2)") == 123500
+    assert calculate("round(2.675, 2)") == round(2.675, 2)
+    assert calculate("round(1, -2500)") == 0 and calculate("round(7, 2500)") == 7
