@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 
 from utils.calculator import CalculationError, calculate, format_number
+from utils.chunking import Chunk, chunk_pages
+from utils.read_document import Page
 
 # Seconds a hostile call may take: five times what the slowest here takes on an idle machine (so the
 # suite holds at a load of 10 on 2 cores), and well under what each took before its fix.
@@ -98,3 +100,58 @@ def test_round_still_rounds_to_a_few_digits_either_side():
     assert calculate("round(123456, -2)") == 123500
     assert calculate("round(2.675, 2)") == round(2.675, 2)
     assert calculate("round(1, -2500)") == 0 and calculate("round(7, 2500)") == 7
+
+
+# ---- chunking ------------------------------------------------------------------------------------
+
+SIZE = 700
+SHAPES: dict[str, Callable[[], str]] = {
+    "one 20 MB line of words": lambda: "word " * 4_000_000,  # took 42 s
+    "20 MB of spaces between two words": lambda: "start" + " " * 20_000_000 + "end",  # over 90 s
+    "4 MB of '. ', one sentence": lambda: ". " * 2_000_000,  # 20 MB took 28 s
+    "half a million tiny paragraphs": lambda: "a\n\n" * 500_000,
+    "half a million sentences": lambda: "Word. " * 500_000,
+    "a sentence of half a million lines": lambda: ".\n" * 500_000,
+}
+
+
+def _chunk_shape(shape: str) -> tuple[int, int, int]:
+    """(chunks, longest, chunks of spaces only) of the shape's text chunked."""
+    chunks = chunk_pages([Page(None, SHAPES[shape]())])
+    return len(chunks), max(len(chunk.text) for chunk in chunks), sum(not chunk.text.strip() for chunk in chunks)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_chunking_is_linear_in_every_shape_of_text(shape):
+    count, longest, blank = within_deadline(_chunk_shape, shape)  # seconds, where quadratic took minutes
+    assert count >= 1 and longest <= 2 * SIZE and blank == 0  # "about" SIZE: a paragraph break counts as one
+
+
+def test_a_run_of_spaces_makes_no_passage():
+    chunks = chunk_pages([Page(2, "start" + " " * 5000 + "end")])
+    assert [(chunk.text.strip(), chunk.page) for chunk in chunks] == [("start", 2), ("end", 2)]
+
+
+ORDINARY = (
+    "# Owls\n\n"
+    "Owls hunt at night. They hear a mouse under snow. Their feathers make no sound!\n\n"
+    "Snowy owls live in the Arctic and hunt lemmings in the long summer light. They nest on the ground. "
+    "Males are whiter than females, and smaller.\n\n"
+    "owl_counts = {'barn': 12, 'tawny': 7, 'little': 3, 'eagle': 1, 'snowy': 0, 'long-eared': 2, 'short-eared': 4}\n"
+    "print(sum(owl_counts.values()))\n\n"
+    "Short."
+)
+
+
+def test_an_ordinary_text_is_chunked_as_before():
+    # Paragraphs, sentences, the short last sentence carried into the next passage, a long line cut:
+    # what the code before the rewrite made of this text.
+    assert chunk_pages([Page(3, ORDINARY)], size=100, overlap=30) == [
+        Chunk("# Owls\n\nOwls hunt at night. They hear a mouse under snow. Their feathers make no sound!", 3),
+        Chunk("Snowy owls live in the Arctic and hunt lemmings in the long summer light. They nest on the ground.", 3),
+        Chunk("They nest on the ground. Males are whiter than females, and smaller.", 3),
+        Chunk(
+            "owl_counts = {'barn': 12, 'tawny': 7, 'little': 3, 'eagle': 1, 'snowy': 0, 'long-eared': 2, 'short-e", 3
+        ),
+        Chunk("ared': 4}\nprint(sum(owl_counts.values()))\n\nShort.", 3),
+    ]

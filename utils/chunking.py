@@ -33,8 +33,13 @@ def _pieces(text: str, size: int) -> list[tuple[str, str]]:
                 pieces.append((separator, sentence))
                 continue
             for line in sentence.split("\n"):
-                slices = [line[start : start + size] for start in range(0, len(line), size) if line[start:].strip()]
-                pieces += [(separator if i == 0 else "\n", piece) for i, piece in enumerate(slices)]
+                for start in range(0, len(line), size):
+                    # Each slice is tested alone (testing the rest of the line copied it for every
+                    # slice: quadratic in one long line), and one of spaces only makes no passage.
+                    piece = line[start : start + size]
+                    if not piece.isspace():
+                        pieces.append((separator, piece))
+                        separator = "\n"
                 separator = "\n"
     return pieces
 
