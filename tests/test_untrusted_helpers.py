@@ -4,6 +4,7 @@ answers, or is refused with a clear error, well within a generous deadline. A ho
 child process (`within_deadline`): these helpers spin in C code that holds the GIL (the regex engine, big
 integers, a parser), which no timeout inside the test's process can interrupt."""
 
+import io
 import multiprocessing
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ import pytest
 
 from utils.calculator import CalculationError, calculate, format_number
 from utils.chunking import Chunk, chunk_pages
-from utils.read_document import Page
+from utils.read_document import Page, UnreadableDocument, read_document
 
 # Seconds a hostile call may take: five times what the slowest here takes on an idle machine (so the
 # suite holds at a load of 10 on 2 cores), and well under what each took before its fix.
@@ -155,3 +156,36 @@ def test_an_ordinary_text_is_chunked_as_before():
         ),
         Chunk("ared': 4}\nprint(sum(owl_counts.values()))\n\nShort.", 3),
     ]
+
+
+# ---- reading text and HTML -----------------------------------------------------------------------
+
+
+def _read(data: bytes, name: str) -> list[Page] | str:
+    """The pages of the file, or why it was refused."""
+    try:
+        return read_document(io.BytesIO(data), name)
+    except UnreadableDocument as error:
+        return f"refused: {error}"
+
+
+SPACES: dict[str, Callable[[], bytes]] = {  # made in the child: no test process holds them all
+    "300 KB of spaces": lambda: b"x" + b" " * 300_000 + b"y",  # 100 KB took 24 s, and this 9 times that
+    "1 MB of tabs and spaces": lambda: b"x" + b"\t " * 500_000 + b"y",  # about 40 minutes
+    "4 MB of spaces": lambda: b"x" + b" " * 4_000_000 + b"y\n",
+}
+
+
+def _read_spaces(shape: str) -> list[Page] | str:
+    return _read(SPACES[shape](), "spaces.txt")
+
+
+@pytest.mark.parametrize("shape", SPACES)
+def test_a_long_run_of_spaces_is_tidied_at_once(shape):
+    (page,) = within_deadline(_read_spaces, shape)
+    assert page.text.startswith("x") and page.text.endswith("y") and " \n" not in page.text
+
+
+def test_lines_are_tidied_as_before():
+    (page,) = read_document(io.BytesIO(b"  a  \t\r\n\r\n\r\n\r\nb \f\vc\t\n\n"), "a.txt")
+    assert page.text == "a\n\nb \f\vc"

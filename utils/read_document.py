@@ -111,10 +111,16 @@ def _read_pdf(file: BinaryIO) -> list[Page]:
         raise UnreadableDocument(f"The PDF is damaged and cannot be read ({detail or type(error).__name__}).") from None
 
 
+# Spaces at the end of a line. A match starts only where a run of spaces does: without the lookbehind,
+# a run with no newline after it was scanned again from each of its spaces (quadratic: 100 KB of
+# spaces took 24 s, in the regex engine, which holds the GIL).
+_TRAILING_SPACES = re.compile(r"(?<![ \t\f\v])[ \t\f\v]+\n")
+
+
 def _tidy(text: str) -> str:
     """Spaces and blank lines collapsed; NULs dropped (PostgreSQL text cannot hold them)."""
     text = text.replace("\x00", "").replace("\r\n", "\n").replace("\r", "\n")
-    text = re.sub(r"[ \t\f\v]+\n", "\n", text)
+    text = _TRAILING_SPACES.sub("\n", text)
     return re.sub(r"\n{3,}", "\n\n", text).strip()
 
 
