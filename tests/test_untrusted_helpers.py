@@ -189,3 +189,50 @@ def test_a_long_run_of_spaces_is_tidied_at_once(shape):
 def test_lines_are_tidied_as_before():
     (page,) = read_document(io.BytesIO(b"  a  \t\r\n\r\n\r\n\r\nb \f\vc\t\n\n"), "a.txt")
     assert page.text == "a\n\nb \f\vc"
+
+
+HOSTILE_HTML: dict[str, Callable[[], str]] = {  # about 1 MB each; the standard library's parser took
+    "<": lambda: "<" * 1_000_000,  # from 5 s to over a minute on 400 KB of most of them
+    "</": lambda: "</" * 500_000,
+    "<!--": lambda: "<!--" * 250_000,
+    "<a ": lambda: "<a " * 333_000,
+    "<a b=": lambda: "<a b=" * 200_000,
+    "<!": lambda: "<!" * 500_000,
+    "<![CDATA[": lambda: "<![CDATA[" * 110_000,
+    "&#": lambda: "&#" * 500_000,
+    "<div>": lambda: "<div>" * 200_000 + "deep",
+    "<script></": lambda: "<script>" + "</" * 500_000,
+    "<p>x": lambda: "<p>x" * 250_000,
+}
+
+
+def _read_html(form: str) -> list[Page] | str:
+    return _read(HOSTILE_HTML[form]().encode(), "page.html")
+
+
+@pytest.mark.parametrize("form", HOSTILE_HTML)
+def test_hostile_html_is_read_or_refused_at_once(form):
+    pages = within_deadline(_read_html, form)
+    assert pages == "refused: The file has no text." or pages[0].text
+
+
+PAGE = (
+    "<!DOCTYPE html><html><head><title>Owls</title><style>p { color: red }</style>"
+    "<script>var secret = 'no';</script></head><body>"
+    "<nav><ul><li>Home</li><li>Birds</li></ul></nav>"
+    "<h1>Owls &amp; other birds</h1><p>Owls hunt   at\tnight.<br>They hear&nbsp;mice.</p>"
+    "<div>A <b>barn</b> owl eats <i>1,000</i> mice a year.<svg><text>drawn</text></svg></div>"
+    "<table><tr><td>barn</td><td>12</td></tr><tr><td>tawny</td><td>7</td></tr></table>"
+    "<noscript>Turn on JavaScript.</noscript><template><p>hidden</p></template><!-- a comment -->"
+    "<pre>owl = 1\nowl += 1</pre>\x00</body></html>"
+)
+
+
+def test_an_html_page_reads_as_before():
+    # No head, script, style, svg, noscript, template, comment or NUL; a line for each block: what the
+    # standard library's parser made of this page.
+    (page,) = read_document(io.BytesIO(PAGE.encode("utf-16")), "owls.html")  # UTF-16: it may hold a NUL
+    assert page.text == (
+        "Home\n\nBirds\n\nOwls & other birds\n\nOwls hunt at night.\nThey hear\xa0mice.\n\n"
+        "A barn owl eats 1,000 mice a year.\n\nbarn12\n\ntawny7\n\nowl = 1\nowl += 1"
+    )

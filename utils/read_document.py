@@ -3,7 +3,6 @@ text layer, page by page). Runs off the event loop: a PDF may take seconds."""
 
 import re
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
@@ -134,33 +133,42 @@ _BLOCKS = (
 BLOCKS = frozenset(_BLOCKS.split())
 
 
-class _TextOfHtml(HTMLParser):
+class _TextOfHtml:
+    """What lxml's HTML parser finds, as it finds it (its parser target): the text, less that of
+    SKIPPED elements, with a line break around each block. The parser closes every element it opens
+    (implied ends, stray ones dropped), so the depth count cannot drift."""
+
     def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
         self.skipping = 0  # depth inside elements whose text is no content (script, style...)
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+    def start(self, tag: str, attributes: dict[str, str]) -> None:
         if tag in SKIPPED:
             self.skipping += 1
         elif tag in BLOCKS:
             self.parts.append("\n\n" if tag in ("p", "div", "section", "article", "table") else "\n")
 
-    def handle_endtag(self, tag: str) -> None:
+    def end(self, tag: str) -> None:
         if tag in SKIPPED:
-            self.skipping = max(0, self.skipping - 1)
-        elif tag in BLOCKS:
+            self.skipping -= 1
+        elif tag in BLOCKS and tag not in ("br", "hr"):  # empty elements: their start made the line break
             self.parts.append("\n")
 
-    def handle_data(self, data: str) -> None:
+    def data(self, data: str) -> None:
         if not self.skipping:
             self.parts.append(data)
+
+    def close(self) -> str:
+        return "".join(self.parts)
 
 
 def html_text(markup: str) -> str:
     """The text a reader sees in an HTML page: no script, style or markup; blocks on lines of their own."""
-    parser = _TextOfHtml()
-    parser.feed(markup)
-    parser.close()
-    text = re.sub(r"[ \t\r\f\v]+", " ", "".join(parser.parts))
-    return re.sub(r" *\n *", "\n", text)
+    # libxml2's parser, in C and linear in the markup: the standard library's went quadratic on
+    # repeated broken markup ("</" 200,000 times took 41 s). Imported here, as pypdf is.
+    from lxml import etree
+
+    parser = etree.HTMLParser(target=_TextOfHtml())
+    parser.feed(markup.replace("\x00", ""))  # dropped, as _tidy drops them (libxml2 reads one as U+FFFD)
+    text = re.sub(r"[ \t\r\f\v]+", " ", parser.close())
+    return re.sub(r" *\n *", "\n", text)  # linear: runs of spaces are single spaces by now
