@@ -4,8 +4,10 @@ answers, or is refused with a clear error, well within a generous deadline. A ho
 child process (`within_deadline`): these helpers spin in C code that holds the GIL (the regex engine, big
 integers, a parser), which no timeout inside the test's process can interrupt."""
 
+import array
 import io
 import multiprocessing
+import random
 import time
 from collections.abc import Callable
 from typing import Any
@@ -236,3 +238,31 @@ def test_an_html_page_reads_as_before():
         "Home\n\nBirds\n\nOwls & other birds\n\nOwls hunt at night.\nThey hear\xa0mice.\n\n"
         "A barn owl eats 1,000 mice a year.\n\nbarn12\n\ntawny7\n\nowl = 1\nowl += 1"
     )
+
+
+def _random_utf16_units(count: int) -> bytes:
+    """Fixed random bytes that decode as UTF-16 (no lone surrogate), as a binary file's might."""
+    chance = random.Random(31)
+    units = (chance.getrandbits(16) for _ in range(count))
+    return array.array("H", (unit for unit in units if not 0xD800 <= unit < 0xE000)).tobytes()
+
+
+BINARY_AFTER_BOM = {
+    "integers": b"\xff\xfe" + array.array("i", range(5000)).tobytes(),
+    "random bytes": b"\xff\xfe" + _random_utf16_units(5000),
+}
+
+
+@pytest.mark.parametrize("data", BINARY_AFTER_BOM.values(), ids=BINARY_AFTER_BOM.keys())
+def test_binary_after_a_utf16_byte_order_mark_is_refused(data):
+    with pytest.raises(UnreadableDocument, match="not text"):
+        read_document(io.BytesIO(data), "notes.txt")
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-16-be"])
+def test_utf16_text_is_read(encoding):
+    text = "Les chouettes chassent la nuit.\tУ совы большие глаза. 猫头鹰在夜间捕猎。🦉\n" * 40
+    data = text.encode(encoding)
+    data = data if encoding == "utf-16" else b"\xfe\xff" + data  # a byte order mark, little or big end first
+    (page,) = read_document(io.BytesIO(data), "owls.txt")
+    assert page.text == text.strip()
