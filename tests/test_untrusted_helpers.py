@@ -9,6 +9,7 @@ import io
 import multiprocessing
 import random
 import time
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -266,3 +267,49 @@ def test_utf16_text_is_read(encoding):
     data = data if encoding == "utf-16" else b"\xfe\xff" + data  # a byte order mark, little or big end first
     (page,) = read_document(io.BytesIO(data), "owls.txt")
     assert page.text == text.strip()
+
+
+# ---- PDFs past pypdf's limits --------------------------------------------------------------------
+
+
+def _pdf(objects: list[bytes]) -> bytes:
+    """A PDF of these objects (the first is the catalog), with a correct cross-reference table."""
+    out = bytearray(b"%PDF-1.7\n")
+    offsets = []
+    for number, body in enumerate(objects, start=1):
+        offsets.append(len(out))
+        out += b"%d 0 obj\n%s\nendobj\n" % (number, body)
+    table = len(out)
+    out += b"xref\n0 %d\n0000000000 65535 f \n" % (len(objects) + 1)
+    out += b"".join(b"%010d 00000 n \n" % offset for offset in offsets)
+    out += b"trailer\n<< /Size %d /Root 1 0 R >>\nstartxref\n%d\n%%%%EOF\n" % (len(objects) + 1, table)
+    return bytes(out)
+
+
+def inflating_pdf() -> bytes:
+    """One page whose content stream, 120 KB as stored, inflates to 80 MB: past pypdf's 75 MB."""
+    content = zlib.compress(b"0 0 m " * 13_400_000, 9)
+    return _pdf(
+        [
+            b"<< /Type /Catalog /Pages 2 0 R >>",
+            b"<< /Type /Pages /Kids [3 0 R] /Count 1 >>",
+            b"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Contents 4 0 R "
+            b"/Resources << /Font << /F1 5 0 R >> >> >>",
+            b"<< /Length %d /Filter /FlateDecode >>\nstream\n%s\nendstream" % (len(content), content),
+            b"<< /Type /Font /Subtype /Type1 /BaseFont /Helvetica >>",
+        ]
+    )
+
+
+def test_a_pdf_past_pypdfs_limits_is_refused_as_too_large():
+    with pytest.raises(UnreadableDocument, match=r"too large or complex to read \(Limit reached while decompress"):
+        read_document(io.BytesIO(inflating_pdf()), "bomb.pdf")
+
+
+def test_uploading_a_pdf_past_pypdfs_limits_gets_a_clear_error_and_stores_nothing(app):
+    from tests.test_documents import documents, new_conversation, upload
+
+    _, conversation_id = new_conversation(app)
+    status, answer = upload(app, conversation_id, "bomb.pdf", inflating_pdf())
+    assert status == 422 and "too large or complex to read" in answer["detail"], (status, answer)
+    assert documents(app, conversation_id) == []

@@ -102,7 +102,7 @@ def _decode(data: bytes) -> str:
 def _read_pdf(file: BinaryIO) -> list[Page]:
     # Imported here: a process that never reads a PDF never loads pypdf.
     from pypdf import PdfReader
-    from pypdf.errors import FileNotDecryptedError, PdfReadError
+    from pypdf.errors import FileNotDecryptedError, LimitReachedError, PdfReadError
 
     try:
         reader = PdfReader(file)
@@ -116,6 +116,11 @@ def _read_pdf(file: BinaryIO) -> list[Page]:
         raise UnreadableDocument("The PDF is encrypted (it needs a password); PocketChat cannot read it.") from None
     except UnreadableDocument:
         raise
+    except LimitReachedError as error:
+        # pypdf's own bounds on the work a file may ask of it (a stream that inflates past 75 MB, a page
+        # tree or an array of over 100,000 entries...). Not a PdfReadError, so caught on its own.
+        detail = " ".join(str(error).split())[:200].rstrip(".")
+        raise UnreadableDocument(f"The PDF is too large or complex to read ({detail}).") from None
     except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as error:
         # pypdf's own errors (PdfStreamError, a broken cross-reference table), and what a malformed
         # object makes it trip on; the detail helps whoever made the file.
