@@ -17,6 +17,7 @@ import pytest
 
 from utils.calculator import CalculationError, calculate, format_number
 from utils.chunking import Chunk, chunk_pages
+from utils.clock import UnknownTimeZone, current_time
 from utils.read_document import Page, UnreadableDocument, read_document
 
 # Seconds a hostile call may take: five times what the slowest here takes on an idle machine (so the
@@ -313,3 +314,20 @@ def test_uploading_a_pdf_past_pypdfs_limits_gets_a_clear_error_and_stores_nothin
     status, answer = upload(app, conversation_id, "bomb.pdf", inflating_pdf())
     assert status == 422 and "too large or complex to read" in answer["detail"], (status, answer)
     assert documents(app, conversation_id) == []
+
+
+# ---- the clock -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["localtime", "posixrules", "/etc/localtime", "../../etc/localtime", "posix/Europe/Paris", "right/UTC"]
+)
+def test_the_clock_refuses_what_is_no_iana_time_zone(name):
+    # "localtime" answered the host's own time zone: nobody's business.
+    with pytest.raises(UnknownTimeZone, match="use an IANA name"):
+        current_time(name)
+
+
+@pytest.mark.parametrize("name", ["UTC", "Europe/Paris", "America/New_York", "Asia/Kolkata", "Etc/GMT+5"])
+def test_the_clock_tells_the_time_in_an_iana_time_zone(name):
+    assert current_time(name).endswith(f", {name})")
