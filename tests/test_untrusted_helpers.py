@@ -114,6 +114,7 @@ SHAPES: dict[str, Callable[[], str]] = {
     "one 20 MB line of words": lambda: "word " * 4_000_000,  # took 42 s
     "20 MB of spaces between two words": lambda: "start" + " " * 20_000_000 + "end",  # over 90 s
     "4 MB of '. ', one sentence": lambda: ". " * 2_000_000,  # 20 MB took 28 s
+    "4 MB of full stops, each before 1,000 spaces": lambda: ("." + " " * 1000 + "x") * 4000,
     "half a million tiny paragraphs": lambda: "a\n\n" * 500_000,
     "half a million sentences": lambda: "Word. " * 500_000,
     "a sentence of half a million lines": lambda: ".\n" * 500_000,

@@ -7,7 +7,9 @@ from utils.read_document import Page
 
 CHUNK_CHARS = 700  # about 150 tokens: within what the embedding model reads (256), one idea or two
 OVERLAP_CHARS = 150  # the last sentence of a passage starts the next one, when it is this short
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")
+# Possessive (\s++): giving spaces back could never let the lookahead match, and trying each was a
+# step per space of a long run after a full stop.
+SENTENCE_END = re.compile(r"(?<=[.!?])\s++(?=[\"'(\[]?[A-Z0-9])")
 
 
 @dataclass(frozen=True)
