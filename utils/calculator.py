@@ -1,7 +1,10 @@
 """Arithmetic for the model's calculator tool, parsed safely: Python's own parser reads the expression,
 and a small walker evaluates the few kinds of node arithmetic needs. Nothing is ever `eval`ed, no name
-but a handful of functions and constants is known, and every operation is bounded (the text's length,
-the size of powers and products), so no expression can run code or take the CPU for long."""
+but a handful of functions and constants is known, and every operation is bounded, so no expression can run
+code or take the CPU for long: the text is short (so are its chains of operations and its nesting), no
+integer the walker makes grows past MAX_BITS (powers and products are refused before they are computed,
+any other result once made), and round() takes at most MAX_DIGITS digits. Floats bound themselves: one
+that grows too big overflows, which says so."""
 
 import ast
 import math
@@ -11,7 +14,8 @@ from typing import Any
 
 MAX_CHARACTERS = 500
 MAX_EXPONENT = 1000  # of a power
-MAX_BITS = 8000  # of an integer power or product: about 2,400 digits
+MAX_BITS = 8000  # of any integer: about 2,400 digits, which even // divides in microseconds
+MAX_DIGITS = 2500  # of round(): past it, rounding any value the calculator holds changes nothing or gives 0
 
 Number = int | float
 
@@ -79,15 +83,17 @@ def _evaluate(node: ast.expr) -> Number:
     if isinstance(node, ast.Name) and node.id in CONSTANTS:
         return CONSTANTS[node.id]
     if isinstance(node, ast.UnaryOp) and type(node.op) in UNARY:
-        return UNARY[type(node.op)](_evaluate(node.operand))
+        return _checked(UNARY[type(node.op)](_evaluate(node.operand)))
     if isinstance(node, ast.BinOp) and type(node.op) in BINARY:
         left, right = _evaluate(node.left), _evaluate(node.right)
         _check_size(node.op, left, right)
-        return _real(BINARY[type(node.op)](left, right))
+        return _checked(BINARY[type(node.op)](left, right))
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in FUNCTIONS:
         if node.keywords:
             raise CalculationError(f"{node.func.id}() takes no named arguments.")
-        return _real(FUNCTIONS[node.func.id](*(_evaluate(argument) for argument in node.args)))
+        arguments = [_evaluate(argument) for argument in node.args]
+        _check_arguments(node.func.id, arguments)
+        return _checked(FUNCTIONS[node.func.id](*arguments))
     if isinstance(node, ast.Name):
         raise CalculationError(f"Unknown name {node.id[:40]!r}: only {', '.join(CONSTANTS)} are known.")
     what = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else type(node).__name__
@@ -106,10 +112,19 @@ def _check_size(op: ast.operator, left: Number, right: Number) -> None:
         raise CalculationError("The product is too large to compute.")
 
 
-def _real(value: Any) -> Number:
+def _check_arguments(function: str, arguments: list[Number]) -> None:
+    # round(x, -n) computes 10**n before it rounds: round(1, -10**9) took minutes.
+    if function == "round" and len(arguments) == 2 and isinstance(arguments[1], int) and abs(arguments[1]) > MAX_DIGITS:
+        raise CalculationError(f"round() rounds to at most {MAX_DIGITS} digits either side of the point.")
+
+
+def _checked(value: Any) -> Number:
     # (-8) ** 0.5 is complex in Python: a calculator of real numbers has no value for it.
     if isinstance(value, complex):
         raise CalculationError("The result is not a real number.")
+    # A sum grows by a bit at most, but every result is held to the bound, so no chain creeps past it.
+    if isinstance(value, int) and value.bit_length() > MAX_BITS:
+        raise CalculationError("The result is too large to compute.")
     return value
 
 

@@ -7,7 +7,9 @@ from utils.read_document import Page
 
 CHUNK_CHARS = 700  # about 150 tokens: within what the embedding model reads (256), one idea or two
 OVERLAP_CHARS = 150  # the last sentence of a passage starts the next one, when it is this short
-SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z0-9])")
+# Possessive (\s++): giving spaces back could never let the lookahead match, and trying each was a
+# step per space of a long run after a full stop.
+SENTENCE_END = re.compile(r"(?<=[.!?])\s++(?=[\"'(\[]?[A-Z0-9])")
 
 
 @dataclass(frozen=True)
@@ -33,8 +35,13 @@ def _pieces(text: str, size: int) -> list[tuple[str, str]]:
                 pieces.append((separator, sentence))
                 continue
             for line in sentence.split("\n"):
-                slices = [line[start : start + size] for start in range(0, len(line), size) if line[start:].strip()]
-                pieces += [(separator if i == 0 else "\n", piece) for i, piece in enumerate(slices)]
+                for start in range(0, len(line), size):
+                    # Each slice is tested alone (testing the rest of the line copied it for every
+                    # slice: quadratic in one long line), and one of spaces only makes no passage.
+                    piece = line[start : start + size]
+                    if not piece.isspace():
+                        pieces.append((separator, piece))
+                        separator = "\n"
                 separator = "\n"
     return pieces
 

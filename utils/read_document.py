@@ -3,7 +3,6 @@ text layer, page by page). Runs off the event loop: a PDF may take seconds."""
 
 import re
 from dataclasses import dataclass
-from html.parser import HTMLParser
 from pathlib import PurePosixPath
 from typing import BinaryIO
 
@@ -65,16 +64,29 @@ def read_document(file: BinaryIO, name: str) -> list[Page]:
     return pages
 
 
+# What binary bytes read as UTF-16 give, and text holds next to none of: control characters (but tab,
+# line and form feed, carriage return), private-use ones, noncharacters, and the planes Unicode leaves
+# unassigned (4 to 13). Random bytes give one in ten of these (private use, mostly).
+_NOT_TEXT = re.compile(
+    "[\x00-\x08\x0b\x0e-\x1f\x7f-\x9f\ue000-\uf8ff\ufdd0-\ufdef\ufffe\uffff\U00040000-\U000dffff\U000f0000-\U0010ffff]"
+)
+
+
 def _decode(data: bytes) -> str:
     """Text from bytes: UTF-8 (or UTF-16 with its byte order mark); Windows-1252 for older text files.
-    Bytes that are none of these, or hold NULs, are a binary file, whatever its name says."""
+    Bytes that are none of these, that hold NULs, or that read as UTF-16 with more than one character
+    in a hundred that no text has, are a binary file, whatever its name says."""
     if not data:
         raise UnreadableDocument("The file is empty.")
     if data.startswith((b"\xff\xfe", b"\xfe\xff")):
+        # Almost any bytes decode as UTF-16 (all but lone surrogates): what they decode to tells.
         try:
-            return data.decode("utf-16")
+            text = data.decode("utf-16")
         except UnicodeDecodeError:
             pass
+        else:
+            if _NOT_TEXT.subn("", text)[1] <= len(text) // 100:
+                return text
     elif b"\x00" not in data:
         try:
             return data.decode("utf-8-sig")
@@ -90,7 +102,7 @@ def _decode(data: bytes) -> str:
 def _read_pdf(file: BinaryIO) -> list[Page]:
     # Imported here: a process that never reads a PDF never loads pypdf.
     from pypdf import PdfReader
-    from pypdf.errors import FileNotDecryptedError, PdfReadError
+    from pypdf.errors import FileNotDecryptedError, LimitReachedError, PdfReadError
 
     try:
         reader = PdfReader(file)
@@ -104,6 +116,11 @@ def _read_pdf(file: BinaryIO) -> list[Page]:
         raise UnreadableDocument("The PDF is encrypted (it needs a password); PocketChat cannot read it.") from None
     except UnreadableDocument:
         raise
+    except LimitReachedError as error:
+        # pypdf's own bounds on the work a file may ask of it (a stream that inflates past 75 MB, a page
+        # tree or an array of over 100,000 entries...). Not a PdfReadError, so caught on its own.
+        detail = " ".join(str(error).split())[:200].rstrip(".")
+        raise UnreadableDocument(f"The PDF is too large or complex to read ({detail}).") from None
     except (PdfReadError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError) as error:
         # pypdf's own errors (PdfStreamError, a broken cross-reference table), and what a malformed
         # object makes it trip on; the detail helps whoever made the file.
@@ -111,10 +128,16 @@ def _read_pdf(file: BinaryIO) -> list[Page]:
         raise UnreadableDocument(f"The PDF is damaged and cannot be read ({detail or type(error).__name__}).") from None
 
 
+# Spaces at the end of a line. A match starts only where a run of spaces does: without the lookbehind,
+# a run with no newline after it was scanned again from each of its spaces (quadratic: 100 KB of
+# spaces took 24 s, in the regex engine, which holds the GIL).
+_TRAILING_SPACES = re.compile(r"(?<![ \t\f\v])[ \t\f\v]+\n")
+
+
 def _tidy(text: str) -> str:
     """Spaces and blank lines collapsed; NULs dropped (PostgreSQL text cannot hold them)."""
     text = text.replace("\x00", "").replace("\r\n", "\n").replace("\r", "\n")
-    text = re.sub(r"[ \t\f\v]+\n", "\n", text)
+    text = _TRAILING_SPACES.sub("\n", text)
     return re.sub(r"\n{3,}", "\n\n", text).strip()
 
 
@@ -128,33 +151,42 @@ _BLOCKS = (
 BLOCKS = frozenset(_BLOCKS.split())
 
 
-class _TextOfHtml(HTMLParser):
+class _TextOfHtml:
+    """What lxml's HTML parser finds, as it finds it (its parser target): the text, less that of
+    SKIPPED elements, with a line break around each block. The parser closes every element it opens
+    (implied ends, stray ones dropped), so the depth count cannot drift."""
+
     def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
         self.skipping = 0  # depth inside elements whose text is no content (script, style...)
 
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+    def start(self, tag: str, attributes: dict[str, str]) -> None:
         if tag in SKIPPED:
             self.skipping += 1
         elif tag in BLOCKS:
             self.parts.append("\n\n" if tag in ("p", "div", "section", "article", "table") else "\n")
 
-    def handle_endtag(self, tag: str) -> None:
+    def end(self, tag: str) -> None:
         if tag in SKIPPED:
-            self.skipping = max(0, self.skipping - 1)
-        elif tag in BLOCKS:
+            self.skipping -= 1
+        elif tag in BLOCKS and tag not in ("br", "hr"):  # empty elements: their start made the line break
             self.parts.append("\n")
 
-    def handle_data(self, data: str) -> None:
+    def data(self, data: str) -> None:
         if not self.skipping:
             self.parts.append(data)
+
+    def close(self) -> str:
+        return "".join(self.parts)
 
 
 def html_text(markup: str) -> str:
     """The text a reader sees in an HTML page: no script, style or markup; blocks on lines of their own."""
-    parser = _TextOfHtml()
-    parser.feed(markup)
-    parser.close()
-    text = re.sub(r"[ \t\r\f\v]+", " ", "".join(parser.parts))
-    return re.sub(r" *\n *", "\n", text)
+    # libxml2's parser, in C and linear in the markup: the standard library's went quadratic on
+    # repeated broken markup ("</" 200,000 times took 41 s). Imported here, as pypdf is.
+    from lxml import etree
+
+    parser = etree.HTMLParser(target=_TextOfHtml())
+    parser.feed(markup.replace("\x00", ""))  # dropped, as _tidy drops them (libxml2 reads one as U+FFFD)
+    text = re.sub(r"[ \t\r\f\v]+", " ", parser.close())
+    return re.sub(r" *\n *", "\n", text)  # linear: runs of spaces are single spaces by now
