@@ -65,6 +65,8 @@ async def the_file(request: Request, room: int | None = None) -> UploadFile:
     try:
         form = await Request(request.scope, receive).form(max_files=1, max_fields=1)
     except StarletteHTTPException as bad:  # its 400 "Invalid multipart data.", whatever the cause
+        if bad.status_code != 400:
+            raise  # 413 from BodyLimit: over the route's limit
         raise HTTPException(400, _unreadable(bad)) from None
     file = form.get("file")
     if not isinstance(file, UploadFile):
