@@ -99,3 +99,29 @@ def test_a_reply_makes_128_calls_at_most_then_the_model_answers_without_tools(st
     (left_out,) = steps(frames, "tool_calls_left_out")
     assert left_out["data"]["ran"] == 8 and "one reply makes 128 tool calls at most" in left_out["data"]["error"]
     assert [r["json"]["tool_choice"] for r in fake.chat_requests] == ["auto"] * 5 + ["none"]
+
+
+def long_lookup(app: AppProcess, fake: FakeOpenAI, error: str) -> list[dict]:
+    """A turn whose model calls the client's lookup with 50,000 characters, answered with `error`."""
+    fake.queue(Reply(calls=[Call("client__lookup", {"word": "w" * 50_000}, piece=5000)]), Reply(tokens=["ok"]))
+    client, _ = declaring_client(app)
+    client.send("message", content="look a long word up")
+    frames = client.until("tool_call")
+    assert frames[-1]["arguments"] == {"word": "w" * 50_000}  # the client's own call: whole
+    client.send("tool_result", call_id=frames[-1]["call_id"], error=error)
+    return frames + client.until("turn_end")
+
+
+def test_long_arguments_and_errors_are_cut_in_the_steps(app, fake):
+    frames = long_lookup(app, fake, "e" * 4000)
+    (shown,) = steps(frames, "tool_call")
+    assert shown["data"]["arguments"].startswith('{"word": "www') and len(shown["data"]["arguments"]) < 2100
+    (result,) = steps(frames, "tool_result")
+    assert result["data"]["error"].startswith("eee") and len(result["data"]["error"]) < 2100
+    assert tool_messages(fake.chat_requests[1])[0]["content"] == "Error: " + "e" * 4000  # the model reads it all
+
+
+def test_a_long_error_is_cut_for_the_model_as_a_result_is(start_app, fake):
+    long_lookup(start_app("--tool-result-chars", "1000"), fake, "e" * 4000)
+    (read,) = tool_messages(fake.chat_requests[1])
+    assert read["content"].startswith("Error: eee") and len(read["content"]) < 1100
