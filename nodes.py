@@ -20,7 +20,7 @@ from pocketchat.jobs import Jobs
 from pocketchat.providers import sees_images
 from pocketchat.records import DocumentRecord, Message, Passage, Status
 from pocketchat.store import Store, save_reply
-from pocketchat.tools import CallOutcome, ToolBox, arguments_of
+from pocketchat.tools import CallOutcome, ToolBox, shown_arguments
 from pocketchat.turn_log import TurnLog
 from utils.chunking import Chunk, chunk_pages
 from utils.embeddings import Embedder, to_bytes
@@ -332,6 +332,7 @@ class ToolRun:
     tools: ToolBox
     log: TurnLog
     stop: StopSignal  # the turn's
+    left_out: dict[str, Any] | None = None  # the `tool_calls_left_out` step: this call answers for them
 
 
 class RunTools(AsyncParallelBatchNode):
@@ -342,7 +343,12 @@ class RunTools(AsyncParallelBatchNode):
 
     async def prep_async(self, shared: dict[str, Any]) -> list[ToolRun]:
         turn: Turn = shared["turn"]
-        return [ToolRun(call, shared["tools"], shared["log"], turn.stop) for call in shared["tool_calls"]]
+        tools: ToolBox = shared["tools"]
+        admitted = tools.admit(shared["tool_calls"])  # a step's calls are capped; ids made unique
+        runs = [ToolRun(call, tools, shared["log"], turn.stop) for call in admitted.calls]
+        if admitted.left_out is not None:
+            runs.append(ToolRun(admitted.left_out, tools, shared["log"], turn.stop, admitted.step()))
+        return runs
 
     async def exec_async(self, run: ToolRun) -> CallOutcome:
         # The steps are shown as the calls happen, like StreamChat's chunks: this node is never retried
@@ -350,17 +356,26 @@ class RunTools(AsyncParallelBatchNode):
         name = run.tools.name_of(run.call)
         if run.stop.is_set():
             return CallOutcome(run.call, name, error="Stopped.", stopped=True)  # never started: not shown
+        if run.left_out is not None:  # not run: its error result speaks for every call left out
+            run.log.append_step("RunTools", "tool_calls_left_out", run.left_out)
+            return CallOutcome(run.call, name, error=run.left_out["error"])
         run.log.append_step(
-            "RunTools", "tool_call", {"id": run.call.id, "name": name, "arguments": arguments_of(run.call)}
+            "RunTools", "tool_call", {"id": run.call.id, "name": name, "arguments": shown_arguments(run.call)}
         )
         outcome = await run.tools.run(run.call, run.stop)
         run.log.append_step("RunTools", "tool_result", outcome.step())
         return outcome
 
     async def post_async(self, shared: dict[str, Any], runs: list[ToolRun], outcomes: list[CallOutcome]) -> str | None:
-        shared["prompt"] = [*shared["prompt"], *(outcome.message() for outcome in outcomes)]
+        # StreamChat's message asked for every call: the model reads it back with the calls answered
+        # only (those left out after the first are dropped), under the ids they ran with.
+        *before, asked = shared["prompt"]
+        asked = {**asked, "tool_calls": [_call_message(outcome.call) for outcome in outcomes]}
+        shared["prompt"] = [*before, asked, *(outcome.message() for outcome in outcomes)]
         shared["tool_calls"] = []
         shared["tool_steps"] += 1
+        if shared["tools"].spent:  # the model answers next without tools
+            shared["tool_steps"] = max(shared["tool_steps"], shared["settings"].max_tool_steps)
         turn: Turn = shared["turn"]
         if turn.stop.is_set():
             turn.reply_so_far().status = "stopped"  # its stats are those of the steps before

@@ -266,6 +266,13 @@ class Settings(BaseSettings):
         description="Rounds of tool calls the model may make in one reply; then it answers without tools (0: "
         "tools are never offered, for a provider without tool calls).",
     )
+    max_tools: int = Field(
+        128,
+        gt=0,
+        description="Tools offered to the model in one turn, at most: an MCP server's first N, and of all the "
+        "sources together the first N (built-in, then the servers in the file's order, then a client's). What "
+        "is left out is said in the Tools dialog and the log.",
+    )
     tool_timeout: float = Field(
         30.0,
         gt=0,

@@ -21,6 +21,7 @@ export class ToolsPanel {
     this.onChange = onChange;
     this.sources = [];
     this.enabled = true;
+    this.maxTools = Infinity; // offered to the model in one turn, at most (--max-tools)
     this.off = [];
     this.embedded = false; // the conversation's model is the embedded one: no tools are offered to it
     button.addEventListener("click", () => this.open());
@@ -35,7 +36,7 @@ export class ToolsPanel {
     try {
       const response = await fetch("/api/tools");
       if (!response.ok) return;
-      ({ sources: this.sources, enabled: this.enabled } = await response.json());
+      ({ sources: this.sources, enabled: this.enabled, max_tools: this.maxTools } = await response.json());
     } catch {
       return; // offline: the banner says so
     }
@@ -67,7 +68,7 @@ export class ToolsPanel {
 
   draw() {
     this.note.textContent = !this.enabled ? "Tools are turned off on this server (--max-tool-steps 0)."
-      : this.embedded ? NEEDS_PROVIDER : "";
+      : this.embedded ? NEEDS_PROVIDER : this.leftOut();
     this.note.hidden = !this.note.textContent;
     this.list.replaceChildren(...this.sources.map((source) => {
       const item = element("li", `tool-source ${source.status}`);
@@ -79,7 +80,9 @@ export class ToolsPanel {
       box.checked = !this.off.includes(source.name);
       label.append(box, ` ${LABELS[source.name] ?? source.name}`);
       const state = source.status === "failed" ? `failed: ${source.error ?? "unknown error"}`
-        : source.status === "starting" ? "starting…" : `${source.tools.length} tools`;
+        : source.status === "starting" ? "starting…"
+        : source.listed ? `offers ${count(source.listed)} tools; the first ${count(source.tools.length)} are used`
+        : `${source.tools.length} tools`;
       item.append(label, element("span", `note${source.status === "failed" ? " warning" : ""}`, ` · ${state}`));
       if (source.tools.length) {
         item.append(element("p", "note tool-names", source.tools.map((tool) => tool.name).join(", ")));
@@ -87,4 +90,16 @@ export class ToolsPanel {
       return item;
     }));
   }
+
+  /** What the model is not offered of the sources on, past --max-tools (the server's order: the last ones). */
+  leftOut() {
+    const on = this.sources.filter((s) => s.status === "ok" && !this.off.includes(s.name));
+    const total = on.reduce((sum, s) => sum + s.tools.length, 0);
+    return total > this.maxTools ? `The model is offered ${count(this.maxTools)} tools at most (--max-tools): ` +
+      `of the ${count(total)} of the sources on, the last ${count(total - this.maxTools)} are left out.` : "";
+  }
+}
+
+function count(number) {
+  return number.toLocaleString("en");
 }

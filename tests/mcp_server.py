@@ -5,7 +5,10 @@ Its tools: `add` (two integers), `shout` (a text, upper-cased, `times` times: a 
 returns), `crash` (the process exits), `grow` (adds a tool, and says so), `environment` (a variable of its
 environment). `--fail-at-start`
 exits before speaking MCP (saying its TOKEN variable on stderr); `--hang-at-start` never answers;
-`--http PORT` serves streamable HTTP."""
+`--http PORT` serves streamable HTTP. Misbehaving before it speaks MCP: `--flood BYTES` writes that many
+bytes to stdout without a newline (a server stuck writing), `--junk LINES` writes lines that are not
+JSON-RPC (a banner, debug prints), `--stderr-flood BYTES` writes one long line to stderr;
+`--many-tools N` lists N more tools (and two whose names are too long): a big catalogue."""
 
 import argparse
 import os
@@ -15,6 +18,7 @@ import time
 from pathlib import Path
 
 import anyio
+from mcp import types
 from mcp.server import MCPServer
 from mcp.server.mcpserver import Context
 
@@ -23,6 +27,10 @@ parser.add_argument("--fail-at-start", action="store_true")
 parser.add_argument("--hang-at-start", action="store_true")
 parser.add_argument("--cancelled-file", type=Path)
 parser.add_argument("--http", type=int)
+parser.add_argument("--flood", type=int, default=0)
+parser.add_argument("--junk", type=int, default=0)
+parser.add_argument("--stderr-flood", type=int, default=0)
+parser.add_argument("--many-tools", type=int, default=0)
 options = parser.parse_args()
 
 
@@ -39,6 +47,14 @@ if options.fail_at_start:
     sys.exit(f"this server fails at start on purpose (TOKEN={os.environ.get('TOKEN', '')})")  # a secret, said
 if options.hang_at_start:
     time.sleep(3600)
+for stream, size in ((sys.stdout.buffer, options.flood), (sys.stderr.buffer, options.stderr_flood)):
+    for start in range(0, size, 1 << 20):
+        stream.write(b"x" * min(1 << 20, size - start))
+    if size and stream is sys.stderr.buffer:
+        stream.write(b"\nafter the flood\n")
+    stream.flush()
+sys.stdout.write("".join(f"not JSON-RPC, line {n}\n" for n in range(options.junk)))
+sys.stdout.flush()
 
 server = MCPServer("test-tools")
 
@@ -97,6 +113,18 @@ async def grow(ctx: Context) -> str:
 def environment(name: str) -> str:
     """The value of an environment variable of the server (the config's `env` reaches it)."""
     return os.environ.get(name, "")
+
+
+if options.many_tools:
+    own_tools = server.list_tools
+
+    async def catalogue() -> list[types.Tool]:
+        """Its own tools, then `--many-tools` more like `add` (a call to one is refused), and two too long."""
+        own = await own_tools()
+        names = [f"t{n}" for n in range(options.many_tools)] + ["long_" * 13, "longer_" * 13]
+        return own + [own[0].model_copy(update={"name": name}) for name in names]
+
+    server.list_tools = catalogue  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

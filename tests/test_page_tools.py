@@ -111,3 +111,21 @@ def test_a_tool_result_is_shown_as_text_never_as_markup(pages: PageUnderTest, fa
     expect(shouted.locator(".tool-arguments")).to_contain_text(markup)
     assert replies(page).last.locator("img, b").count() == 0
     assert pages.dialogs == []
+
+
+def test_the_tools_dialog_says_what_a_big_server_and_the_cap_leave_out(browser: Browser, start_app, tmp_path: Path):
+    app = start_app("--mcp-config", mcp_config(tmp_path, {"many": ["--many-tools", "10000"]}))
+    pages = PageUnderTest(browser, app)
+    page = pages.open()
+    menu_item(page, "Tools").click()
+    dialog = page.locator("#tools-dialog")
+    expect(dialog.locator(".tool-source[data-source=many]")).to_contain_text(
+        "offers 10,007 tools; the first 128 are used"
+    )
+    expect(dialog.locator(".tools-note")).to_have_text(
+        "The model is offered 128 tools at most (--max-tools): of the 132 of the sources on, the last 4 are left out."
+    )
+    dialog.get_by_label("Built-in tools").uncheck()  # 128 on: nothing left out
+    expect(dialog.locator(".tools-note")).to_be_hidden()
+    pages.context.close()
+    assert pages.errors == []

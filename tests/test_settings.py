@@ -71,6 +71,7 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "job_memory_mb": ("500", "600"),
     "mcp_config": ("/tmp/one.json", "/tmp/two.json"),
     "max_tool_steps": ("3", "4"),
+    "max_tools": ("100", "101"),
     "tool_timeout": ("5", "6"),
     "tool_result_chars": ("1001", "1002"),
     "limit_tool_calls_per_minute": ("17", "18"),

@@ -120,8 +120,9 @@ class ToolCallParts:
                     call[slot] = value  # an id or a name is sent whole, once (some servers repeat it)
 
     def calls(self) -> list[ToolCall]:
-        # Ids unique in the turn (the page pairs a call with its result by id); text valid Unicode (see
-        # UnicodeRepair: JSON may escape a lone surrogate), for the socket and the database.
+        # Text valid Unicode (see UnicodeRepair: JSON may escape a lone surrogate), for the socket and the
+        # database. Ids as the provider sent them, which may repeat: RunTools makes them unique in the turn
+        # (ToolBox.admit) before anything pairs a result with its call.
         return [
             ToolCall(
                 valid_text(call_id) or f"call_{secrets.token_hex(6)}", valid_text(name), valid_text(arguments) or "{}"

@@ -10,6 +10,7 @@ result; the turn goes on.
 
 import asyncio
 import functools
+import itertools
 import json
 import logging
 import re
@@ -27,8 +28,12 @@ logger = logging.getLogger("pocketchat")
 
 BUILTIN, CLIENT = "builtin", "client"  # sources that are not MCP servers
 WIRE_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # what OpenAI accepts as a function name
-STEP_RESULT_CHARACTERS = 2000  # of a result, kept in its step for the page (the model reads more)
+STEP_RESULT_CHARACTERS = 2000  # of a result (and of arguments, an error), kept in its step for the page
 CANCEL_WAIT_SECONDS = 1.0  # a cancelled call may take this long to say goodbye (MCP's cancellation)
+# A model may ask for thousands of calls at once: each would run (or be refused by the rate limit), show
+# two steps kept with the reply, and go back to the provider in every later request.
+MAX_CALLS_PER_STEP = 32  # the rest of a step's calls get one error result, which speaks for them all
+MAX_CALLS_PER_REPLY = 128  # then the model answers without tools
 
 
 def wire_name(name: str) -> str:
@@ -102,7 +107,7 @@ class CallOutcome:
             "result": cut(self.result, STEP_RESULT_CHARACTERS),
         }
         if self.error is not None:
-            data["error"] = self.error
+            data["error"] = cut(self.error, STEP_RESULT_CHARACTERS)
         if self.denied:
             data["denied"] = True
         return data
@@ -124,6 +129,27 @@ def arguments_of(call: ToolCall) -> dict[str, Any] | str:
     return arguments if isinstance(arguments, dict) else call.arguments
 
 
+def shown_arguments(call: ToolCall) -> dict[str, Any] | str:
+    """The arguments as the `tool_call` step shows them: long ones as the start of their text."""
+    if len(call.arguments) > STEP_RESULT_CHARACTERS:
+        return cut(call.arguments, STEP_RESULT_CHARACTERS)
+    return arguments_of(call)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What runs of the calls a model step asked for (`ToolBox.admit`)."""
+
+    calls: list[ToolCall]  # those that run, in the order asked, with ids unique in the turn
+    asked: int  # how many the step asked for
+    left_out: ToolCall | None = None  # the first call over the caps: its error result speaks for them all
+    error: str = ""  # that result
+
+    def step(self) -> dict[str, Any]:
+        """The `tool_calls_left_out` step's data."""
+        return {"asked": self.asked, "ran": len(self.calls), "error": self.error}
+
+
 @dataclass
 class ToolBox:
     """One turn's tools: those of the sources its conversation has on, and its client's."""
@@ -133,6 +159,8 @@ class ToolBox:
     limits: Limits
     settings: Settings
     _offered: dict[str, Tool] = field(default_factory=dict)  # by wire name: what the model was offered
+    _ids: set[str] = field(default_factory=set)  # of this turn's calls (each answered under its own)
+    _made: int = 0  # calls this turn ran
 
     def offer(self, final: bool = False) -> ToolOffer | None:
         """What StreamChat offers the model: the tools on now; `final`, the step cap is reached and the
@@ -144,6 +172,37 @@ class ToolBox:
         if not tools:
             return None
         return ToolOffer([tool.declaration for tool in tools], "none" if final else "auto")
+
+    def admit(self, calls: list[ToolCall]) -> Admitted:
+        """The calls of a step that run: the first MAX_CALLS_PER_STEP, while the reply has made fewer
+        than MAX_CALLS_PER_REPLY. A call whose id an earlier one of the turn took (a provider that
+        repeats ids, or numbers each step's from 1) is renamed `<id>_2`, `<id>_3`...: its result goes
+        back to the model, the page and a client by its id."""
+        room = min(MAX_CALLS_PER_STEP, MAX_CALLS_PER_REPLY - self._made)
+        admitted: list[ToolCall] = []
+        for call in calls[: room + 1]:  # and the first left out, which is answered
+            if call.id in self._ids:
+                call = replace(
+                    call, id=next(f"{call.id}_{n}" for n in itertools.count(2) if f"{call.id}_{n}" not in self._ids)
+                )
+            self._ids.add(call.id)
+            admitted.append(call)
+        if len(calls) <= room:
+            self._made += len(admitted)
+            return Admitted(admitted, len(calls))
+        left_out = admitted.pop()
+        if room == MAX_CALLS_PER_STEP:
+            limit = f"one step runs {MAX_CALLS_PER_STEP} tool calls at most, and this one asked for {len(calls):,}"
+        else:
+            limit = f"one reply makes {MAX_CALLS_PER_REPLY} tool calls at most, and this one has made them"
+        error = f"Not run: {limit}. This call and the {len(calls) - room - 1:,} after it were left out."
+        self._made += len(admitted)
+        return Admitted(admitted, len(calls), left_out, error)
+
+    @property
+    def spent(self) -> bool:
+        """The turn made all the calls a reply may: the model answers next without tools."""
+        return self._made >= MAX_CALLS_PER_REPLY
 
     def name_of(self, call: ToolCall) -> str:
         tool = self._offered.get(call.name)
@@ -164,8 +223,11 @@ class ToolBox:
             return CallOutcome(call, tool.name, error=limited.message)
         started = time.monotonic()
         outcome = await self._run(tool, call, arguments, context, stop)
-        # Untrusted text, made valid Unicode without NULs: the socket and PostgreSQL refuse the others.
-        outcome = replace(outcome, result=valid_text(outcome.result), error=outcome.error and valid_text(outcome.error))
+        # Untrusted text, made valid Unicode without NULs: the socket and PostgreSQL refuse the others. An
+        # error may be as long as a result (a server's error result, a client's `error`): cut the same.
+        budget = self.settings.tool_result_chars
+        error = outcome.error and valid_text(cut(outcome.error, budget))
+        outcome = replace(outcome, result=valid_text(outcome.result), error=error)
         logger.debug(
             "tool %s in turn %s: %s in %d ms",
             tool.name,

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pocketchat import protocol
+from pocketchat.errors import BadFrame
 from pocketchat.tools import CLIENT, CallContext, Denied, Tool, ToolFailed
 
 GONE = "the client disconnected"
@@ -23,7 +24,14 @@ class ClientTools:
         self._closed = False
 
     def declare(self, declarations: list[protocol.ToolDeclaration]) -> None:
-        """The tools this client offers from now on (a hello's `tools`)."""
+        """The tools this client offers from now on (a hello's `tools`). A name declared twice refuses
+        the whole hello, changing nothing: the model would be offered both, and one call could not say
+        which it meant."""
+        names: set[str] = set()
+        for tool in declarations:
+            if tool.name in names:
+                raise BadFrame(f"'tools': the name {tool.name!r} is declared twice; each tool needs a name of its own.")
+            names.add(tool.name)
         self.tools = [
             Tool(CLIENT, f"{CLIENT}.{tool.name}", tool.description, tool.parameters, self._caller(tool.name))
             for tool in declarations

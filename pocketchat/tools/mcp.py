@@ -100,14 +100,14 @@ def secrets_of(config: ServerConfig) -> list[str]:
 class McpServers:
     """Every configured server, each run by a task of its own from `start` to `aclose`."""
 
-    def __init__(self, configs: dict[str, ServerConfig], start_timeout: float) -> None:
+    def __init__(self, configs: dict[str, ServerConfig], start_timeout: float, max_tools: int) -> None:
         self.servers: list[McpServer] = []
         if configs:
             # The MCP SDK loads only when the operator configured servers: a third of a second of every
             # start otherwise.
             from pocketchat.tools import mcp_server
 
-            self.servers = [mcp_server.McpServer(name, c, start_timeout) for name, c in configs.items()]
+            self.servers = [mcp_server.McpServer(name, c, start_timeout, max_tools) for name, c in configs.items()]
         self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self, wait: float) -> None:

@@ -14,7 +14,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Literal, TextIO
 
 import httpx2
-from mcp import ClientSession, MCPError, StdioServerParameters, stdio_client, types
+from mcp import ClientSession, MCPError, StdioServerParameters, types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -28,6 +28,7 @@ from pocketchat.tools.mcp import (
     StdioServer,
     secrets_of,
 )
+from pocketchat.tools.mcp_stdio import JunkLines, LineTooLong, bounded_stdio_client
 
 logger = logging.getLogger("pocketchat")
 
@@ -44,24 +45,24 @@ def text_of(result: types.CallToolResult) -> str:
     return "\n".join(parts)
 
 
-class ServerLost(Exception):
-    """A running server stopped answering (it crashed, or its connection broke)."""
-
-
 class McpServer:
     """One configured server, kept running by `run` (its own task, for the app's life)."""
 
-    def __init__(self, name: str, config: ServerConfig, start_timeout: float) -> None:
+    def __init__(self, name: str, config: ServerConfig, start_timeout: float, max_tools: int) -> None:
         self.name = name
         self.config = config
         self.start_timeout = start_timeout
+        self.max_tools = max_tools  # of its tools, the first this many are offered
         self.status: Literal["starting", "ok", "failed"] = "starting"
         self.error: str | None = None  # why it failed, redacted
         self.tools: list[Tool] = []
+        self.listed = 0  # the tools it lists that could be offered (over max_tools, the first are)
+        self._said: tuple[int, int] = (0, 0)  # what the log said of its listing: (tools left out, refused)
         self.settled = asyncio.Event()  # its first start succeeded or failed
         self._secrets = secrets_of(config)
         self._session: ClientSession | None = None
         self._wake = asyncio.Event()  # a call found it gone, or it says its tools changed
+        self._lost: str | None = None  # why its connection ended, when PocketChat ended it
 
     def describe(self) -> dict[str, Any]:
         """What the page's tool list shows of it (no secret: its name, state, redacted error, tools)."""
@@ -72,6 +73,8 @@ class McpServer:
         }
         if self.error:
             described["error"] = self.error
+        if self.listed > len(self.tools):
+            described["listed"] = self.listed
         return described
 
     def redact(self, text: str) -> str:
@@ -85,24 +88,25 @@ class McpServer:
         while True:
             started = time.monotonic()
             try:
-                await self._serve()
+                await self._serve()  # it ends only by raising
             except Exception as error:
-                self._failed(_reason(error, self.start_timeout))
+                if time.monotonic() - started > STEADY_SECONDS:
+                    wait = RETRY_SECONDS[0]
+                self._failed(_reason(error, self.start_timeout), wait)
             finally:
                 self._session, self.tools = None, []
-            if time.monotonic() - started > STEADY_SECONDS:
-                wait = RETRY_SECONDS[0]
-            logger.info("MCP server %s: starting again in %g s", self.name, wait)
             await asyncio.sleep(wait)
             wait = min(wait * 2, RETRY_SECONDS[1])
 
-    def _failed(self, reason: str) -> None:
+    def _failed(self, reason: str, wait: float) -> None:
+        """Reported in one log line (no traceback: the reason says it), the page's list and /healthz."""
         self.status, self.error = "failed", self.redact(reason)
         self.settled.set()
-        logger.warning("MCP server %s failed: %s", self.name, self.error)
+        logger.warning("MCP server %s failed: %s; starting it again in %g s", self.name, self.error, wait)
 
     async def _serve(self) -> None:
         self._wake.clear()
+        self._lost = None
         async with AsyncExitStack() as stack:
             read, write = await stack.enter_async_context(self._transport())
             session = await stack.enter_async_context(ClientSession(read, write, message_handler=self._on_message))
@@ -126,7 +130,11 @@ class McpServer:
             # The server gets the SDK's short default environment (PATH, HOME...) and the file's env:
             # none of PocketChat's own secrets. What it writes to stderr is logged as its own, redacted.
             parameters = StdioServerParameters(command=config.command, args=config.args, env=config.env, cwd=config.cwd)
-            async with self._stderr() as errlog, stdio_client(parameters, errlog=errlog) as streams:
+            junk = JunkLines(self.name, self.redact)
+            async with (
+                self._stderr() as errlog,
+                bounded_stdio_client(parameters, errlog, junk, self._lost_because) as streams,
+            ):
                 errlog.close()  # the server has its copy: its exit ends the reading
                 yield streams
             return
@@ -149,7 +157,17 @@ class McpServer:
         errlog = os.fdopen(write_end, "w")
 
         async def log_lines() -> None:
-            while line := await reader.readline():
+            said_long = False
+            while True:
+                try:
+                    line = await reader.readline()
+                except ValueError:  # over the reader's 64 KiB, which readline drops: read on, or the pipe fills
+                    if not said_long:
+                        logger.info("MCP server %s says a line over 64 KiB (not logged)", self.name)
+                    said_long = True
+                    continue
+                if not line:
+                    return
                 logger.info("MCP server %s says: %s", self.name, self.redact(line.decode(errors="replace").rstrip()))
 
         logging_task = asyncio.create_task(log_lines())
@@ -170,19 +188,39 @@ class McpServer:
             cursor = page.next_cursor
             if not cursor:
                 break
-        tools, seen = [], set()
+        tools, seen, refused = [], set(), []
         for tool in listed:
             # Shown as server.tool; a tool name OpenAI would refuse (a dot, a slash...) is sent with _ instead.
             shown = f"{self.name}.{re.sub(r'[^A-Za-z0-9_-]', '_', tool.name)}"
             if not WIRE_NAME.fullmatch(wire_name(shown)) or shown in seen:
-                logger.warning(
-                    "MCP server %s: tool %r is not offered (its name is too long or taken)", self.name, tool.name
-                )
+                refused.append(tool.name)
                 continue
             seen.add(shown)
-            schema = tool.input_schema or {"type": "object", "properties": {}}
-            tools.append(Tool(self.name, shown, tool.description or "", schema, self._caller(tool.name)))
-        self.tools = tools
+            if len(tools) < self.max_tools:  # every tool offered is declared in every request of a turn
+                schema = tool.input_schema or {"type": "object", "properties": {}}
+                tools.append(Tool(self.name, shown, tool.description or "", schema, self._caller(tool.name)))
+        self.tools, self.listed = tools, len(seen)
+        self._say_what_is_left_out(len(seen) - len(tools), refused)
+
+    def _say_what_is_left_out(self, cut: int, refused: list[str]) -> None:
+        """One line each time what is left out of its listing changes (it is listed every 30 s)."""
+        if self._said == (cut, len(refused)):
+            return
+        self._said = (cut, len(refused))
+        if cut:
+            logger.warning(
+                "MCP server %s offers %s tools; the first %d are used (--max-tools)",
+                self.name,
+                f"{self.listed:,}",
+                self.max_tools,
+            )
+        if refused:
+            logger.warning(
+                "MCP server %s: %d tools are not offered (their names are too long or taken), e.g. %r",
+                self.name,
+                len(refused),
+                refused[0][:80],
+            )
 
     def _caller(self, tool_name: str) -> Any:
         async def call(arguments: dict[str, Any], context: CallContext) -> str:
@@ -200,7 +238,8 @@ class McpServer:
         except MCPError as error:
             if "closed" in str(error).lower():
                 self._wake.set()  # its task notices it is gone, reports it and starts it again
-            raise ToolFailed(f"The MCP server {self.name} failed: {self.redact(str(error))}") from None
+            why = self._lost or self.redact(str(error))
+            raise ToolFailed(f"The MCP server {self.name} failed: {why}") from None
         except Exception as error:  # the connection broke under the call
             self._wake.set()
             raise ToolFailed(f"The MCP server {self.name} failed: {self.redact(_reason(error, 0))}") from None
@@ -208,6 +247,9 @@ class McpServer:
         if result.is_error:
             raise ToolFailed(text or "The tool reported an error.")
         return text
+
+    def _lost_because(self, why: str) -> None:
+        self._lost = why
 
     async def _on_message(self, message: Any) -> None:
         method = getattr(getattr(message, "root", message), "method", None)
@@ -221,6 +263,8 @@ def _reason(error: BaseException, timeout: float) -> str:
         error = error.exceptions[0]
     if isinstance(error, TimeoutError):
         return f"it did not answer within {timeout:g} s"
+    if isinstance(error, LineTooLong):
+        return str(error)
     if isinstance(error, MCPError) and "closed" in str(error).lower():
         return "it exited, or its connection closed"
     if isinstance(error, OSError) and error.strerror:
