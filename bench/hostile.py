@@ -73,6 +73,7 @@ class Measured:
     livez: list[float] = field(default_factory=list)  # seconds, answered or not (then until the run's end)
     first_chunk: list[float] = field(default_factory=list)  # bob's, per turn (an unended one: until the end)
     turn: list[float] = field(default_factory=list)  # bob's turns, message to turn_end (the save included)
+    turns_ended: int = 0  # bob's turns that came to their turn_end (or were refused) before the run's end
     probe: list[float] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)  # bob's turns refused or ended in error
     mallory: dict[str, Any] = field(default_factory=dict)
@@ -87,7 +88,7 @@ class Measured:
             "livez_max_ms": p(self.livez, 1.0), "first_chunk_p50_ms": p(self.first_chunk, 0.5),
             "first_chunk_p99_ms": p(self.first_chunk, 0.99), "probe_p99_ms": p(self.probe, 0.99),
             "peak_rss_mb": self.peak_rss_mb, "peak_tmp_mb": self.peak_tmp_mb, "app_cpu_s": self.app_cpu_s,
-            "turn_p99_ms": p(self.turn, 0.99), "turns": len(self.first_chunk), "livez_samples": len(self.livez),
+            "turn_p99_ms": p(self.turn, 0.99), "turns": self.turns_ended, "livez_samples": len(self.livez),
             "seconds": self.seconds,
         }  # fmt: skip
 
@@ -191,10 +192,11 @@ async def bob_chats(ws: Any, measured: Measured, enough: asyncio.Event, turns: i
         start, first = time.perf_counter(), []
         try:
             await bob_turn(ws, first, measured.failures)
+            measured.turns_ended += 1
         finally:
             measured.first_chunk.append(first[0] if first else time.perf_counter() - start)
             measured.turn.append(time.perf_counter() - start)
-        if len(measured.first_chunk) >= turns:
+        if measured.turns_ended >= turns:
             enough.set()
         await asyncio.sleep(THINK)
 
@@ -294,8 +296,8 @@ def one_run(row: Row, hostile: bool, fake: tuple[int, Any], turns: int, timeout:
         finally:
             app.kill()  # SIGKILL: a stalled app ignores SIGTERM (row 1)
     provider = {"chat_requests": stats[0], "most_tools_offered": stats[1]}
-    return {**measured.figures(), "app_start_s": app_start, "provider": provider, "mallory": measured.mallory,
-            "bob_failures": measured.failures[:5]}  # fmt: skip
+    run_is = {"turns_asked": turns, "app_start_s": app_start, "provider": provider}
+    return {**measured.figures(), **run_is, "mallory": measured.mallory, "bob_failures": measured.failures[:5]}
 
 
 def measure_row(row: Row, turns: int, timeout: float, quick: bool, repeat: int) -> dict[str, Any]:

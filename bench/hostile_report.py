@@ -35,7 +35,8 @@ def verdict(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     missed = []
     if not figures["livez_p99_ms_hostile"] < TARGET_LIVEZ_MS:
         missed.append("livez")
-    if not figures["first_chunk_ratio"] <= TARGET_RATIO:
+    cut_short = any(r.get("turns", 0) < r.get("turns_asked", 0) for r in hostile)  # the row's time ran out first
+    if cut_short or not figures["first_chunk_ratio"] <= TARGET_RATIO:
         missed.append("bob's turns")
     probe_quiet, probe_hostile = figures["probe_p99_ms_quiet"], figures["probe_p99_ms_hostile"]
     if probe_quiet == probe_quiet and not probe_hostile <= max(

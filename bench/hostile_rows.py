@@ -161,11 +161,13 @@ async def image(ctx: Context, data: bytes) -> Got:
     return Got(said(status, body), time.perf_counter() - start)
 
 
-async def imported(ctx: Context, user: str, data: bytes) -> Got:
-    """An import, followed to its end: the POST answers once the file is checked, then it is written."""
+async def imported(ctx: Context, user: str, data: bytes, noted: bool = True) -> Got:
+    """An import, followed to its end: the POST answers once the file is checked, then it is written.
+    `noted`: its answer goes in what mallory saw."""
     start = time.perf_counter()
     status, body = await ctx.upload(user, "/api/imports", "conversations.json", data)
-    ctx.note(f"{user}'s import answered {status}")
+    if noted:
+        ctx.note(f"{user}'s import answered {status}")
     if status != 202:
         return Got(said(status, body), time.perf_counter() - start)
     while body.get("status") == "importing":
@@ -253,7 +255,7 @@ async def probe_image(ctx: Context, conversation: str) -> None:
 
 
 async def probe_import(ctx: Context, conversation: str) -> None:
-    await imported(ctx, "bob", _bob_import())
+    await imported(ctx, "bob", _bob_import(), noted=False)
 
 
 async def probe_list(ctx: Context, conversation: str) -> None:
@@ -270,7 +272,7 @@ class Row:
     act: Callable[[Context], Awaitable[Got]]
     probe: Probe | None = None
     probe_what: str = ""
-    setup: Callable[[Context], Awaitable[Got]] | None = None  # before the quiet run (row 10's import)
+    setup: Callable[[Context], Awaitable[Got]] | None = None  # in the hostile run, before it is timed (row 10)
     hostile_app: Callable[[bool], dict[str, Any]] | None = None  # an MCP server for the hostile run's app
     script: Callable[[bool], list[Reply]] | None = None  # the fake's replies to mallory's message
 
