@@ -22,16 +22,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from fastapi.staticfiles import StaticFiles
-from starlette.exceptions import HTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
-from starlette.responses import Response
-from starlette.types import Scope
 
 from flow import FLOWS
 from pocketchat.providers import make_provider
@@ -39,7 +34,7 @@ from pocketchat.settings import Settings
 from pocketchat.state import AppState
 from pocketchat.store import make_store
 from pocketchat.tools.mcp import McpConfigError, load_config
-from pocketchat.web import documents, images, login, search, shares, sign_in, transfer
+from pocketchat.web import assets, documents, images, login, search, shares, sign_in, transfer
 from pocketchat.web.body_limit import BodyLimit
 from pocketchat.web.routes import invalid_request, router
 from pocketchat.web.socket import chat_socket
@@ -79,6 +74,7 @@ def create_app(settings: Settings) -> FastAPI:
     app = FastAPI(title="PocketChat", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
     # The last added runs first: a request for a host we do not serve is refused before sign-in, and a
     # body over its limit before anything reads it.
+    app.add_middleware(assets.CompressPage)
     app.add_middleware(sign_in.SignInMiddleware)
     app.add_middleware(TrustedHostMiddleware, allowed_hosts=settings.trusted_hosts)
     app.add_middleware(
@@ -96,34 +92,10 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(shares.router)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_api_websocket_route("/ws", chat_socket)
-    app.mount("/static", StaticFiles(directory=HERE / "static"), name="static")
-    # The page's libraries, installed from the npm registry by `make` (package-lock.json pins them):
-    # only the files the page loads, not the rest of node_modules (package metadata, sources, tools).
-    vendor = VendorFiles(vendor_files(), directory=HERE / "node_modules", check_dir=False)
-    app.mount("/vendor", vendor, name="vendor")
+    app.mount("/static", assets.page_files(), name="static")
+    # The page's libraries, installed from the npm registry by `make` (package-lock.json pins them).
+    app.mount("/vendor", assets.library_files(), name="vendor")
     return app
-
-
-VENDOR_PATH = re.compile(r"/vendor/([\w@.+/-]+)")
-
-
-def vendor_files() -> frozenset[str]:
-    """The paths under /vendor/ that the page names: in its template, its scripts and its styles."""
-    sources = [*HERE.glob("pocketchat/web/templates/*.html"), *HERE.glob("static/*.js"), *HERE.glob("static/*.css")]
-    return frozenset(path for source in sources for path in VENDOR_PATH.findall(source.read_text()))
-
-
-class VendorFiles(StaticFiles):
-    """StaticFiles that serves only an allow-list of paths; anything else is a 404, as if absent."""
-
-    def __init__(self, allowed: frozenset[str], **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.allowed = allowed
-
-    async def get_response(self, path: str, scope: Scope) -> Response:
-        if path not in self.allowed:  # `path` is normalised already: no `..`, no doubled slashes
-            raise HTTPException(status_code=404)
-        return await super().get_response(path, scope)
 
 
 class HideSecretsInAccessLog(logging.Filter):

@@ -1,9 +1,9 @@
 // Model text as safe HTML: marked renders Markdown, DOMPurify sanitizes, highlight.js colours code.
 // Raw HTML in the text is shown as text and images become links, so a reply can neither run
 // script nor load anything remote (the page's Content-Security-Policy forbids both as well).
-import { marked } from "/vendor/marked/lib/marked.esm.js";
-import DOMPurify from "/vendor/dompurify/dist/purify.es.mjs";
-import hljs from "/vendor/@highlightjs/cdn-assets/es/highlight.min.js";
+import { marked } from "/vendor/marked@18.2.1/lib/marked.esm.js";
+import DOMPurify from "/vendor/dompurify@3.4.18/dist/purify.es.mjs";
+import hljs from "/vendor/@highlightjs/cdn-assets@11.12.0/es/highlight.min.js";
 
 const escapeHtml = (text) =>
   text.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
