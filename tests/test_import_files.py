@@ -125,6 +125,7 @@ def test_messages_are_put_after_their_parents_whatever_the_files_order():
         (native([message("a", None, content="half \ud83d")]), "lone surrogate"),
         (native([message("a", None, content="nul \x00")]), "NUL"),
         (native([message("a", None, meta={"k": "\udc00"})]), "lone surrogate"),
+        (native([message("a", None, meta={"k": json.loads("[" * 32 + "]" * 32)})]), "nested over 32 levels"),
         ({**native([]), "version": 2}, "version 2"),
         ({**native([]), "messages": {}}, "`messages` must be a list"),
     ],
