@@ -48,10 +48,11 @@ KEEP_SECONDS = 3600  # how long a finished import's status can be asked for
 READ_TIMEOUT = 300.0  # seconds the child may take to read a file
 # Files checked at once, by all users (each user one at a time); more wait their turn.
 READERS = 2
-# Bytes of address space a reader child may take. It holds one conversation at a time, about 4 times its
-# size in the file (a 107 MB one: 431 MiB), up to 11 times for text dense in emoji (4 bytes a character
-# in memory): more is refused, saying so, rather than taking the machine's memory (before reading went a
-# conversation at a time, a 100 MB list of empty lists took 2.5 GB).
+# Bytes of address space a reader child may take. It holds one conversation at a time: about 4 times its
+# size in the file (ours of 100,000 messages, 107 MB: 431 MiB), 11 times for text dense in emoji (4 bytes
+# a character in memory), more for small nodes, of which a conversation has at most 100,000 (ChatGPT's
+# of 100,000 nodes, 13 MB: 346 MiB). More is refused, saying so, rather than taking the machine's memory
+# (before reading went a conversation at a time, a 100 MB list of empty lists took 2.5 GB).
 READ_MEMORY = 1 << 30
 BIG_LINE = 1 << 18  # characters of a conversation's line from which it is read on a thread
 SWEEP_SECONDS = 30.0  # with replicas, how often each looks for an import whose replica died
