@@ -213,7 +213,8 @@ class Imports:
         return job
 
     async def _read(self, source: str, lines: str) -> dict[str, Any]:
-        """Run the child that reads the file; its verdict, or BadFile with its reason."""
+        """Run the child that reads the file; its verdict (`{conversations, dropped}`), or BadFile with its
+        reason (the child's `{error, status}`, or how it ended: out of time, out of memory, a crash)."""
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "pocketchat.transfer.read", source, lines, str(READ_MEMORY),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=APP_ROOT,
