@@ -10,6 +10,10 @@ written in the background) and Bob's first-chunk time, medians and p90, with and
 
 With `--long 40000`: instead, one conversation of that many messages in our own format, and the longest
 Bob waits between two frames of a reply (50 chunks 10 ms apart) while it is imported.
+
+With `--reader`: instead, the reader child alone (as the app runs it) on files of about 100 MB, its time
+and peak memory. With `--fair`: instead, how long Carol's small import waits while two other users'
+files of 100 MB are checked (the app checks two files at once), against alone.
 """
 
 import argparse
@@ -20,15 +24,22 @@ import statistics
 import tempfile
 import threading
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from pocketchat.transfer.imports import READ_TIMEOUT
 from pocketchat.transfer.native import FORMAT, VERSION
 from tests.conftest import NO_LIMITS, AppProcess, ChatClient
 from tests.fake_openai import FakeOpenAIThread, Reply
 from tests.services import fresh_database
 from tests.test_documents import call, multipart
+from tests.test_import import reading
+from tests.test_import_reader import run_reader
 
 ROOT = Path(__file__).resolve().parent.parent
 FILE = ROOT / "tests" / "files" / "chatgpt_conversations.json"
@@ -184,6 +195,90 @@ def run(args: argparse.Namespace, database_url: str | None) -> None:
         print(f"  {name:<24} {statistics.median(values) * 1000:6.1f} ms {p90(values) * 1000:6.1f} ms {len(values):5d}")
 
 
+def chains(megabytes: int) -> bytes:
+    """A ChatGPT export of conversations of 100,000 nodes (the most a conversation may have), each the
+    least a kept message can be, chained: the slowest file to check per byte found. Its last item is not
+    a conversation, so it is refused once read whole and nothing is written."""
+    message = {"author": {"role": "user"}, "content": {"content_type": "text", "parts": ["x"]}}
+    mapping = {f"n{n}": {"parent": f"n{n - 1}" if n else None, "message": message} for n in range(100_000)}
+    conversation = json.dumps({"mapping": mapping})
+    copies = megabytes * 1_000_000 // len(conversation)
+    return ("[" + ", ".join([conversation] * copies) + ", []]").encode()
+
+
+def reader_run(args: argparse.Namespace, database_url: str | None) -> None:
+    """The reader child alone on files of about 100 MB: its time and peak memory (resident), medians."""
+    files = {
+        "[[],[],...] (refused at its first)": b"[" + b"[]," * 33_333_332 + b"[]]",
+        "ChatGPT, 14,800 conversations": conversations(14_800),
+        "ours, 1 conversation of 100,000 messages": long_conversation(100_000),
+        "ChatGPT, chains of 100,000 nodes (refused at the end)": chains(100),
+    }
+    print(f"the import reader, {args.repeat} runs each (load average {os.getloadavg()[0]:.1f}):")
+    print(f"  {'file':<54} {'MB':>6} {'time':>7} {'peak':>8}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, data in files.items():
+            source = Path(tmp) / "upload.json"
+            source.write_bytes(data)
+            runs = []
+            for _ in range(args.repeat):
+                started = time.perf_counter()
+                _, peak = run_reader(source)
+                runs.append((time.perf_counter() - started, peak))
+            took, peak = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+            print(f"  {name:<54} {len(data) / 1e6:6.1f} {took:6.2f}s {peak:5.0f} MiB")
+
+
+def posted(app: AppProcess, user: str, data: bytes) -> tuple[int, float]:
+    """`user`'s upload of `data`: its status, and seconds until it was answered (however long)."""
+    body, content_type = multipart("conversations.json", data, "application/json")
+    headers = {"Content-Type": content_type, "X-Forwarded-User": user}
+    request = urllib.request.Request(app.url + "/api/imports", data=body, method="POST", headers=headers)
+    started = time.perf_counter()
+    try:
+        with urllib.request.urlopen(request, timeout=READ_TIMEOUT + 60) as response:
+            status = response.status
+    except urllib.error.HTTPError as error:
+        status = error.code
+    return status, time.perf_counter() - started
+
+
+def fair_run(args: argparse.Namespace, database_url: str | None) -> None:
+    """Carol's small import (one conversation), alone and while Alice's and Dave's files of 100 MB (refused
+    at their end: a ChatGPT export, and the slowest to check found) hold both readers."""
+    small = conversations(1)
+    exported = conversations(14_800)  # under --limit-import-bytes, 100 MB
+    bigs = {"ChatGPT export": exported[:-1] + b", []]", "chains of 100,000 nodes": chains(100)}
+    print(f"Carol's import of one conversation, {args.repeat} runs each (load average {os.getloadavg()[0]:.1f}):")
+    with app_and_bob(Reply(count=20), database_url) as (app, _):
+        server = psutil.Process(app.process.pid)  # type: ignore[union-attr]
+        for kind, (name, big) in enumerate(bigs.items()):
+            alone, meanwhile, held = [], [], []
+            for number in range(args.repeat):
+                alone.append(posted(app, f"carol{kind}x{number}", small)[1])
+                answers: list[tuple[int, float]] = []
+
+                def upload(user: str, answers: list[tuple[int, float]] = answers, big: bytes = big) -> None:
+                    answers.append(posted(app, user, big))
+
+                others = [threading.Thread(target=upload, args=(f"{user}{kind}x{number}",)) for user in ("al", "da")]
+                for other in others:
+                    other.start()
+                while sum(reading(child) for child in server.children()) < 2:
+                    time.sleep(0.01)
+                status, took = posted(app, f"carol{kind}x{number}", small)
+                assert status == 202, status
+                meanwhile.append(took)
+                for other in others:
+                    other.join()
+                assert [status for status, _ in answers] == [422, 422], answers
+                held += [took for _, took in answers]
+            print(f"  while two files of {len(big) / 1e6:.0f} MB ({name}) are checked:", end="")
+            print(f" median {statistics.median(meanwhile):.1f} s, max {max(meanwhile):.1f} s", end="")
+            print(f" (alone {statistics.median(alone):.2f} s; those two answered in {statistics.median(held):.1f} s)")
+    print(f"  (load average {os.getloadavg()[0]:.1f} at the end)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=1000)
@@ -193,8 +288,10 @@ def main() -> None:
         "--postgres", action="store_true", help="import into a new PostgreSQL database (tests/services.py)"
     )
     parser.add_argument("--long", type=int, help="instead: one conversation of this many messages (40000, say)")
+    parser.add_argument("--reader", action="store_true", help="instead: the reader child alone on 100 MB files")
+    parser.add_argument("--fair", action="store_true", help="instead: a small import while two big ones are read")
     args = parser.parse_args()
-    bench = run if args.long is None else long_run
+    bench = reader_run if args.reader else fair_run if args.fair else run if args.long is None else long_run
     if not args.postgres:
         bench(args, None)
         return

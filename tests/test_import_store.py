@@ -2,6 +2,7 @@
 write fails part-way leaves nothing of itself, and a process stopping mid-import does the same."""
 
 import asyncio
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from pocketchat.store import Store
 from pocketchat.transfer import imports as imports_module
 from pocketchat.transfer.imports import ImportRunning, Imports
 from pocketchat.transfer.native import to_file
-from pocketchat.transfer.read import parse, read_trees
+from pocketchat.transfer.read import read_trees
 from pocketchat.transfer.tree import ConversationTree, TreeMessage
 from tests.test_store import opened
 from tests.test_store import store as store  # the fixture: both stores
@@ -54,7 +55,7 @@ async def under_way(imports: Imports, data: bytes, tmp_path: Path, written: int)
 
 
 def test_trees_are_written_whole_under_their_owner_and_read_back(store):
-    trees = [tree.with_new_ids() for tree in read_trees(parse(CHATGPT.read_bytes()))]
+    trees = [tree.with_new_ids() for tree in read_trees(io.BytesIO(CHATGPT.read_bytes()))]
     for tree in trees:
         tree.model, tree.system_prompt = "m", ""
 
@@ -111,7 +112,7 @@ def test_a_process_that_stops_mid_import_keeps_nothing_of_it(store, tmp_path, mo
 
 def titled(title: str) -> list[Any]:
     """Two conversations of the test file under new ids, titled `title`."""
-    made = [tree.with_new_ids() for tree in read_trees(parse(many(2)))]
+    made = [tree.with_new_ids() for tree in read_trees(io.BytesIO(many(2)))]
     for tree in made:
         tree.model, tree.system_prompt, tree.title = "m", "", title
     return made

@@ -44,11 +44,11 @@ def from_chatgpt(data: dict[str, Any], where: str) -> ConversationTree:
             kept[key] = message
     current = text(data.get("current_node"), f"{where}: `current_node`", optional=True, limit=200)
     ordered = check_tree(_by_time(nodes, kept), current if current in mapping else None, where)
-    parents = {node.id: node.parent_id for node in ordered}
-    messages, became = _kept_tree(ordered, parents, kept)
+    nearest = _nearest_kept(ordered, kept)
+    messages, became = _kept_tree(ordered, nearest, kept)
     if joined := len(kept) - len(messages):
         dropped["replies joined to the one before"] = joined
-    leaf = _nearest_kept(current, parents, kept)
+    leaf = nearest.get(current)
     title = text(data.get("title"), f"{where}: `title`", optional=True) or None
     return ConversationTree(
         title=title[:1000] if title else None,
@@ -136,39 +136,49 @@ def _by_time(nodes: list[TreeMessage], kept: dict[str, TreeMessage]) -> list[Tre
     return sorted(nodes, key=lambda node: kept[node.id].created_at if node.id in kept else 0.0)
 
 
-def _nearest_kept(node: str | None, parents: dict[str, str | None], kept: dict[str, TreeMessage]) -> str | None:
-    while node is not None and node not in kept:
-        node = parents.get(node)
-    return node
+def _nearest_kept(ordered: list[TreeMessage], kept: dict[str, TreeMessage]) -> dict[str | None, str | None]:
+    """By node, itself if kept, else its nearest kept ancestor (None: none), in one pass over the nodes,
+    parents first. (Walking up from each message instead took 25 s for 5,000 messages under a chain of
+    20,000 empty nodes.)"""
+    nearest: dict[str | None, str | None] = {None: None}
+    for node in ordered:
+        nearest[node.id] = node.id if node.id in kept else nearest[node.parent_id]
+    return nearest
 
 
 def _kept_tree(
-    ordered: list[TreeMessage], parents: dict[str, str | None], kept: dict[str, TreeMessage]
-) -> tuple[list[TreeMessage], dict[str, TreeMessage]]:
+    ordered: list[TreeMessage], nearest: dict[str | None, str | None], kept: dict[str, TreeMessage]
+) -> tuple[list[TreeMessage], dict[str | None, TreeMessage]]:
     """The kept messages, each the child of its nearest kept ancestor, parents first; an assistant message
     whose parent is an assistant message with no other child is joined to it. And, by node, the message
     each kept node became (itself, or the one it was joined to)."""
     children: dict[str | None, int] = {}
     for node in ordered:
         if node.id in kept:
-            parent_id = _nearest_kept(node.parent_id, parents, kept)
+            parent_id = nearest[node.parent_id]
             children[parent_id] = children.get(parent_id, 0) + 1
     messages: list[TreeMessage] = []
-    became: dict[str, TreeMessage] = {}
+    became: dict[str | None, TreeMessage] = {}
+    # By the message they are joined to, the run of messages joined: their texts are joined once at the end
+    # (joined one by one, a run of 10,000 replies copied its growing text 10,000 times).
+    runs: dict[str, list[TreeMessage]] = {}
     for node in ordered:
         if (message := kept.get(node.id)) is None:
             continue
-        parent_id = _nearest_kept(node.parent_id, parents, kept)
-        parent = became.get(parent_id) if parent_id is not None else None
+        parent_id = nearest[node.parent_id]
+        parent = became.get(parent_id)
         if parent is not None and message.role == parent.role == "assistant" and children[parent_id] == 1:
-            parent.content = "\n\n".join(part for part in (parent.content, message.content) if part)
-            parent.reasoning = "\n\n".join(part for part in (parent.reasoning, message.reasoning) if part)
-            parent.meta = parent.meta or message.meta
-            parent.status = message.status
+            runs.setdefault(parent.id, [parent]).append(message)
             became[node.id] = parent
             continue
         message.id = node.id
         message.parent_id = parent.id if parent is not None else None
         messages.append(message)
         became[node.id] = message
+    for run in runs.values():
+        first = run[0]
+        first.content = "\n\n".join(part.content for part in run if part.content)
+        first.reasoning = "\n\n".join(part.reasoning for part in run if part.reasoning)
+        first.meta = next((part.meta for part in run if part.meta), first.meta)
+        first.status = run[-1].status
     return messages, became

@@ -17,6 +17,7 @@ import json
 import logging
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -30,6 +31,7 @@ from pocketchat.records import new_id
 from pocketchat.settings import Settings
 from pocketchat.store import Store
 from pocketchat.transfer.native import from_file
+from pocketchat.transfer.read import over_memory
 from pocketchat.transfer.tree import BadFile, ConversationTree
 
 logger = logging.getLogger(__name__)
@@ -44,9 +46,14 @@ BATCH_CONVERSATIONS = 25
 PAUSE_SECONDS = 0.1
 KEEP_SECONDS = 3600  # how long a finished import's status can be asked for
 READ_TIMEOUT = 300.0  # seconds the child may take to read a file
-# Files checked at once, by all users: each reader child holds its file's parse in memory (hundreds of
-# MiB for a large file); more wait their turn.
+# Files checked at once, by all users (each user one at a time); more wait their turn.
 READERS = 2
+# Bytes of address space a reader child may take. It holds one conversation at a time: about 4 times its
+# size in the file (ours of 100,000 messages, 107 MB: 431 MiB), 11 times for text dense in emoji (4 bytes
+# a character in memory), more for small nodes, of which a conversation has at most 100,000 (ChatGPT's
+# of 100,000 nodes, 13 MB: 346 MiB). More is refused, saying so, rather than taking the machine's memory
+# (before reading went a conversation at a time, a 100 MB list of empty lists took 2.5 GB).
+READ_MEMORY = 1 << 30
 BIG_LINE = 1 << 18  # characters of a conversation's line from which it is read on a thread
 SWEEP_SECONDS = 30.0  # with replicas, how often each looks for an import whose replica died
 UNDO_CHECK_SECONDS = 2.0  # how often a failed import whose deletion the database refused looks again
@@ -206,25 +213,33 @@ class Imports:
         return job
 
     async def _read(self, source: str, lines: str) -> dict[str, Any]:
-        """Run the child that reads the file; its verdict, or BadFile with its reason."""
+        """Run the child that reads the file; its verdict (`{conversations, dropped}`), or BadFile with its
+        reason (the child's `{error, status}`, or how it ended: out of time, out of memory, a crash)."""
         child = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "pocketchat.transfer.read", source, lines,
+            sys.executable, "-m", "pocketchat.transfer.read", source, lines, str(READ_MEMORY),
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=APP_ROOT,
         )  # fmt: skip
         try:
             out, err = await asyncio.wait_for(child.communicate(), READ_TIMEOUT)
-        except BaseException:
+        except BaseException as error:
             child.kill()
             await child.wait()
+            if isinstance(error, TimeoutError):
+                took = f"The file takes longer to check than an import may ({READ_TIMEOUT:.0f} s); split it."
+                raise BadFile(took, 413) from None
             raise
         verdict = json.loads(out) if child.returncode in (0, 1) and out else None
+        if verdict is None and (child.returncode == -signal.SIGKILL or b"MemoryError" in err):
+            # Out of memory where it could not say so itself (in C code, or killed by the kernel's OOM killer).
+            logger.warning("the import reader ran out of memory (exit %s)", child.returncode)
+            raise BadFile(over_memory(READ_MEMORY), status=413)
         if verdict is None:
             logger.error(
                 "the import reader failed (exit %s): %s", child.returncode, err.decode(errors="replace")[-2000:]
             )
             raise BadFile("The file could not be read (the server's log says why).", status=500)
         if "error" in verdict:
-            raise BadFile(verdict["error"])
+            raise BadFile(verdict["error"], verdict["status"])
         return verdict
 
     async def _write(self, job: ImportJob, lines: str, folder: str) -> None:

@@ -16,6 +16,10 @@ VERSION = 1
 ID_CHARS = 200  # an id in a file: ours are 22 characters, other apps' longer; never a megabyte
 TITLE_CHARS = 1_000
 PROMPT_CHARS = 100_000
+# Levels of lists and objects in a message's `meta` (ours: two). The reader's parser takes about 990, but
+# the app parses the line again deeper in its stack (a meta 985 deep failed the import there, after the
+# file was accepted), and the page's frames are encoded by orjson, which stops at 255.
+META_DEPTH = 32
 
 
 def to_file(tree: ConversationTree) -> dict[str, Any]:
@@ -124,16 +128,18 @@ def _message(data: Any, where: str) -> TreeMessage:
     )
 
 
-def _check_values(value: Any, where: str) -> None:
-    """Every text inside a JSON value (keys too) must be storable."""
+def _check_values(value: Any, where: str, depth: int = 0) -> None:
+    """Every text inside a JSON value (keys too) must be storable, and the value no deeper than META_DEPTH."""
+    if isinstance(value, dict | list) and depth == META_DEPTH:
+        raise BadFile(f"{where} is nested over {META_DEPTH} levels deep.")
     if isinstance(value, str):
         text(value, where)
     elif isinstance(value, dict):
         for key, item in value.items():
             text(key, where)
-            _check_values(item, where)
+            _check_values(item, where, depth + 1)
     elif isinstance(value, list):
         for item in value:
-            _check_values(item, where)
+            _check_values(item, where, depth + 1)
     elif isinstance(value, float):
         number(value, where)
