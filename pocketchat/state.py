@@ -63,7 +63,7 @@ class AppState:
         self.sign_in = SignIn(settings, store, self.limits)
         self.default_model = settings.model
         # Imported conversations whose file names no model get the app's default.
-        self.imports = Imports(settings, store, lambda: self.default_model or "", self.coordinator)
+        self.imports = Imports(settings, store, lambda: self.default_model or "", self.coordinator, self.jobs)
         self.imports.gone = self.conversations_gone  # a failed import's conversations: their pages are told
         self._resolving: asyncio.Task[None] | None = None
         self.draining = False  # SIGTERM: the running replies may finish before shutdown stops them

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from pocketchat.transfer.native import FORMAT, VERSION
@@ -373,42 +372,6 @@ def test_a_failed_imports_pages_on_another_replica_are_told_it_is_gone(request, 
     assert page.until("deleted", timeout=30)[-1]["conversation_id"] == conversation_id
     assert call(a, "GET", f"/api/imports/{job['id']}", **ALICE)[1]["status"] == "failed"
     assert listed(b, **ALICE) == {}
-
-
-def reading(process: psutil.Process) -> bool:
-    """Whether `process` is an import's reader child (one that just ended is not)."""
-    try:
-        return "pocketchat.transfer.read" in process.cmdline() and process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def test_files_uploaded_at_once_are_checked_two_at_a_time_and_all_imported(mode, start_app):
-    if mode == "replicas":
-        pytest.skip("the readers are each process's own, whatever the storage: once is enough")
-    app = start_app("--auth", "header")
-    data = trips(300)
-    users = [{"X-Forwarded-User": f"user{number}"} for number in range(4)]
-    server = psutil.Process(app.process.pid)
-    most, answers = 0, [(0, {})] * len(users)
-
-    def upload_as(number: int) -> None:
-        answers[number] = post_import(app, data, **users[number])
-
-    uploads = [threading.Thread(target=upload_as, args=(number,)) for number in range(len(users))]
-    for upload in uploads:
-        upload.start()
-    while any(upload.is_alive() for upload in uploads):
-        most = max(most, sum(reading(child) for child in server.children()))
-        time.sleep(0.01)
-    assert [status for status, _ in answers] == [202] * 4, answers
-    assert most == 2  # no more than two at once, and two did run at once
-    for user, (_, job) in zip(users, answers, strict=True):
-        deadline = time.monotonic() + 120
-        while job["status"] == "importing" and time.monotonic() < deadline:
-            time.sleep(0.1)
-            job = call(app, "GET", f"/api/imports/{job['id']}", **user)[1]
-    assert all(len(listed(app, **user)) == 300 for user in users)
 
 
 BAD_FILES = {

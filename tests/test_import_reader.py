@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from pocketchat.cluster.local import LocalCoordinator
+from pocketchat.jobs import Jobs
 from pocketchat.store.sqlite import SqliteStore
 from pocketchat.transfer import imports as imports_module
 from pocketchat.transfer.imports import Imports
@@ -83,11 +84,13 @@ def imported_by(tmp_path: Path, data: bytes) -> BadFile:
     upload.write_bytes(data)
 
     async def scenario() -> BadFile:
+        jobs = Jobs.from_settings(SETTINGS)
         async with opened(Stores("sqlite", lambda: SqliteStore(tmp_path / "chat.db"))) as db:
-            imports = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS))
+            imports = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS), jobs)
             with upload.open("rb") as file, pytest.raises(BadFile) as refused:
                 await imports.start("alice", file)
             assert await db.list_conversations("alice") == []
+            await jobs.aclose()
             return refused.value
 
     return asyncio.run(scenario())
@@ -102,15 +105,20 @@ def test_the_app_tells_the_user_a_file_needs_more_memory_than_an_import_may_use(
     )
 
 
-@pytest.mark.parametrize("death", ["kill -9 $$", "echo MemoryError >&2; exit 1"])
-def test_a_reader_that_dies_of_its_memory_where_it_cannot_say_so_is_told_as_that(tmp_path, monkeypatch, death):
-    # The kernel's OOM killer (SIGKILL), or memory running out in C code or as Python starts.
+@pytest.mark.parametrize(
+    ("death", "status", "says"),
+    [
+        ("kill -9 $$", 413, "needs more memory than an import may use"),  # the kernel's OOM killer
+        ("exit 1", 500, "the server's log says why"),  # a crash
+    ],
+)
+def test_a_reader_that_dies_where_it_cannot_say_why_is_told_as_that(tmp_path, monkeypatch, death, status, says):
     child = tmp_path / "reader"
     child.write_text(f"#!/bin/sh\n{death}\n")
     child.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(child))
+    monkeypatch.setattr(sys, "executable", str(child))  # the job worker the import's check starts
     refused = imported_by(tmp_path, CHATGPT.read_bytes())
-    assert refused.status == 413 and "needs more memory than an import may use" in refused.message
+    assert refused.status == status and says in refused.message
 
 
 def test_a_file_that_takes_longer_to_check_than_allowed_is_refused_saying_so(tmp_path, monkeypatch):
@@ -137,3 +145,65 @@ def test_a_user_checks_one_file_at_a_time_so_cannot_hold_both_readers(start_app)
         upload.join()
     assert sorted(answers) == [202, 409]
     assert post_import(app, trips(1), **BOB)[0] == 202
+
+
+def test_a_small_file_is_checked_while_large_ones_hold_every_reader(tmp_path):
+    """Issue 30, row 7: two users' hostile files held both readers, and a third user's 267-byte import
+    waited 23 s. Large files take turns for the readers; a small one waits only for a job worker."""
+    small, large = tmp_path / "small.json", tmp_path / "large.json"
+    small.write_bytes(CHATGPT.read_bytes())
+    large.write_bytes(trips(200))  # over a megabyte
+
+    async def scenario() -> tuple[int, bool]:
+        jobs = Jobs.from_settings(SETTINGS)
+        async with opened(Stores("sqlite", lambda: SqliteStore(tmp_path / "chat.db"))) as db:
+            imports = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS), jobs)
+            for _ in range(imports_module.READERS):  # two other users' large files, being checked
+                await imports._readers.acquire()
+            with large.open("rb") as file:
+                waiting = asyncio.create_task(imports.start("mallory", file))
+                with small.open("rb") as other:
+                    job = await asyncio.wait_for(imports.start("carol", other), 30)
+                await asyncio.sleep(0.5)
+                still_waiting = not waiting.done()
+                waiting.cancel()
+            await imports.aclose()
+            await jobs.aclose()
+            return job.total, still_waiting
+
+    total, still_waiting = asyncio.run(scenario())
+    assert total > 0 and still_waiting
+
+
+def test_large_files_sent_at_once_are_checked_two_at_a_time_and_all_imported(tmp_path):
+    large = tmp_path / "large.json"
+    large.write_bytes(trips(200))  # over a megabyte
+
+    async def scenario() -> tuple[int, list[str]]:
+        jobs = Jobs.from_settings(SETTINGS)
+        async with opened(Stores("sqlite", lambda: SqliteStore(tmp_path / "chat.db"))) as db:
+            imports = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS), jobs)
+            checking, most = 0, 0
+            read = imports._read
+
+            async def counted(*args: Any) -> dict[str, Any]:
+                nonlocal checking, most
+                checking += 1
+                most = max(most, checking)
+                try:
+                    return await read(*args)
+                finally:
+                    checking -= 1
+
+            imports._read = counted  # type: ignore[method-assign]
+            files = [large.open("rb") for _ in range(4)]
+            started = await asyncio.gather(*(imports.start(f"user{n}", file) for n, file in enumerate(files)))
+            for file in files:
+                file.close()
+            while any(job.status == "importing" for job in started):
+                await asyncio.sleep(0.05)
+            await jobs.aclose()
+            return most, [job.status for job in started]
+
+    most, statuses = asyncio.run(scenario())
+    assert most == imports_module.READERS == 2 and statuses == ["done"] * 4

@@ -12,6 +12,7 @@ import pytest
 from pocketchat.cluster.local import LocalCoordinator
 from pocketchat.conversations import Hub
 from pocketchat.errors import ImportUnderWay, UnknownConversation
+from pocketchat.jobs import Jobs
 from pocketchat.search import parse_query
 from pocketchat.settings import Settings
 from pocketchat.store import Store
@@ -35,9 +36,13 @@ def many(count: int) -> bytes:
 async def run_import(db: Store, data: bytes, tmp_path: Path) -> Any:
     upload = tmp_path / "upload.json"
     upload.write_bytes(data)
-    imports = Imports(SETTINGS, db, lambda: "default-model", LocalCoordinator(SETTINGS))
-    with upload.open("rb") as file:
-        job = await imports.start("alice", file)
+    jobs = Jobs.from_settings(SETTINGS)
+    imports = Imports(SETTINGS, db, lambda: "default-model", LocalCoordinator(SETTINGS), jobs)
+    try:
+        with upload.open("rb") as file:
+            job = await imports.start("alice", file)
+    finally:
+        await jobs.aclose()
     while job.status == "importing":
         await asyncio.sleep(0.01)
     return job
@@ -101,7 +106,7 @@ def test_a_process_that_stops_mid_import_keeps_nothing_of_it(store, tmp_path, mo
 
     async def scenario() -> Any:
         async with opened(store) as db:
-            imports = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS))
+            imports = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS), Jobs.from_settings(SETTINGS))
             job = await under_way(imports, many(200), tmp_path, 10)
             await imports.aclose()
             return job, await db.list_conversations("alice")
@@ -125,7 +130,7 @@ def test_what_a_dead_process_left_of_its_import_is_deleted_and_nothing_else(stor
     async def scenario() -> Any:
         async with opened(store) as db:
             here = LocalCoordinator(SETTINGS)
-            imports = Imports(SETTINGS, db, lambda: "m", here)
+            imports = Imports(SETTINGS, db, lambda: "m", here, Jobs.from_settings(SETTINGS))
             for import_id, replica in (("killed", "a-dead-process"), ("finished", "a-dead-process")):
                 await db.begin_import(import_id, replica)
                 await db.import_conversations("alice", titled(import_id), import_id)
@@ -147,10 +152,11 @@ def test_an_import_taken_for_stopped_while_it_runs_fails_whole(store, tmp_path, 
 
     async def scenario() -> Any:
         async with opened(store) as db:
-            running = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS))
+            running = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS), Jobs.from_settings(SETTINGS))
             job = await under_way(running, many(100), tmp_path, 20)
             # Another process, to which every other process seems gone.
-            await Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS)).clear_stopped()
+            other = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS), Jobs.from_settings(SETTINGS))
+            await other.clear_stopped()
             while job.status == "importing":
                 await asyncio.sleep(0.01)
             return job, await db.list_conversations("alice"), await db.running_imports()
@@ -231,7 +237,7 @@ def test_a_user_runs_one_import_at_a_time_and_another_user_is_not_held_up(store,
         async with opened(store) as db:
             upload = tmp_path / "upload.json"
             upload.write_bytes(many(100))
-            imports = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS))
+            imports = Imports(SETTINGS, db, lambda: "m", LocalCoordinator(SETTINGS), Jobs.from_settings(SETTINGS))
             with upload.open("rb") as one, upload.open("rb") as two, upload.open("rb") as three:
                 first, second = await asyncio.gather(
                     imports.start("alice", one), imports.start("alice", two), return_exceptions=True

@@ -15,11 +15,12 @@ import collections
 import itertools
 import logging
 import pickle
+import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from pocketchat.jobs.wire import HEADER, JOB_FUNCTIONS, answer_of, frame, length_of
 from pocketchat.settings import Settings
@@ -39,7 +40,11 @@ class JobFailed(Exception):
 
 
 class OverBudget(JobFailed):
-    """A job that went over its time or memory budget, and was stopped."""
+    """A job that went over its time or memory budget (`budget`), and was stopped."""
+
+    def __init__(self, message: str, budget: Literal["time", "memory"]) -> None:
+        super().__init__(message)
+        self.budget = budget
 
 
 class Worker:
@@ -131,7 +136,9 @@ class Jobs:
         if kind == "raised":
             raise value
         if kind == "memory":
-            raise OverBudget(f"It needed more than the {memory // 1_000_000:,} MB a job may use, and was stopped.")
+            raise OverBudget(
+                f"It needed more than the {memory // 1_000_000:,} MB a job may use, and was stopped.", "memory"
+            )
         logger.error("job %s failed inside PocketChat:\n%s", function.__name__, value)
         raise JobFailed("It could not be done: PocketChat failed doing it (the server's log says more).")
 
@@ -152,9 +159,16 @@ class Jobs:
             kind, value = await asyncio.wait_for(worker.call(reference, args, memory), seconds)
         except TimeoutError:
             logger.warning("job %s over its %g s: stopped", name, seconds)
-            raise OverBudget(f"It took longer than the {seconds:g} s a job may take, and was stopped.") from None
+            raise OverBudget(
+                f"It took longer than the {seconds:g} s a job may take, and was stopped.", "time"
+            ) from None
         except (asyncio.IncompleteReadError, ConnectionError):
-            logger.error("a job worker died during %s (exit %s)", name, worker.process.returncode)
+            code = await worker.process.wait()
+            logger.error("a job worker died during %s (exit %s)", name, code)
+            if code == -signal.SIGKILL:  # not by us: the kernel's OOM killer, out of memory where it can't say so
+                raise OverBudget(
+                    "It needed more memory than the machine could give, and was stopped.", "memory"
+                ) from None
             raise JobFailed("It could not be done: the worker doing it failed (the server's log says more).") from None
         except pickle.UnpicklingError as error:  # a worker a file took over, or a job's bug
             logger.error("job %s answered what the app does not take: %s", name, error)

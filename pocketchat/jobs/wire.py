@@ -20,6 +20,7 @@ JOB_FUNCTIONS = frozenset(
         "utils.chunking:chunk_pages",
         "utils.read_image:read_image",
         "utils.calculator:calculate",
+        "pocketchat.transfer.read:check",
     }
 )
 # The classes a worker's answer may hold, beyond plain data (dict, list, str, bytes, numbers...).

@@ -13,31 +13,28 @@ an import is kept whole or not at all.
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
 import shutil
-import signal
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, BinaryIO, Literal, Protocol
 
 from pocketchat.background import CLEANUP_SECONDS, cancel_and_wait
+from pocketchat.jobs import JobFailed, Jobs, OverBudget
 from pocketchat.records import new_id
 from pocketchat.settings import Settings
 from pocketchat.store import Store
 from pocketchat.transfer.native import from_file
-from pocketchat.transfer.read import over_memory
+from pocketchat.transfer.read import check, over_memory
 from pocketchat.transfer.tree import BadFile, ConversationTree
 
 logger = logging.getLogger(__name__)
 
-# The reader child runs `-m pocketchat.transfer.read` from here, wherever the app was started from.
-APP_ROOT = Path(__file__).resolve().parents[2]
 BATCH_MESSAGES = 500  # messages written in one job at most (a longer conversation goes in parts)
 BATCH_CONVERSATIONS = 25
 # Between batches. Writing an import is CPU work in the app's process (reading lines, building rows); with
@@ -45,10 +42,12 @@ BATCH_CONVERSATIONS = 25
 # with this one as early as without an import, for an import about a quarter slower (bench/import_conversations.py).
 PAUSE_SECONDS = 0.1
 KEEP_SECONDS = 3600  # how long a finished import's status can be asked for
-READ_TIMEOUT = 300.0  # seconds the child may take to read a file
-# Files checked at once, by all users (each user one at a time); more wait their turn.
+READ_TIMEOUT = 300.0  # seconds checking a file may take
+# Large files checked at once, by all users (each user one at a time), so that other jobs keep workers: more
+# wait their turn. A small file waits for none of them, only for a worker (pocketchat/jobs).
 READERS = 2
-# Bytes of address space a reader child may take. It holds one conversation at a time: about 4 times its
+SMALL_FILE_BYTES = 1_000_000
+# Bytes of memory checking a file may take. It holds one conversation at a time: about 4 times its
 # size in the file (ours of 100,000 messages, 107 MB: 431 MiB), 11 times for text dense in emoji (4 bytes
 # a character in memory), more for small nodes, of which a conversation has at most 100,000 (ChatGPT's
 # of 100,000 nodes, 13 MB: 346 MiB). More is refused, saying so, rather than taking the machine's memory
@@ -109,9 +108,12 @@ RUNNING = "An import of yours is under way already; wait for it to end."
 class Imports:
     """The imports of this process, by id; each user runs one at a time."""
 
-    def __init__(self, settings: Settings, store: Store, default_model: Callable[[], str], progress: Progress) -> None:
+    def __init__(
+        self, settings: Settings, store: Store, default_model: Callable[[], str], progress: Progress, jobs: Jobs
+    ) -> None:
         self.settings = settings
         self.store = store
+        self.jobs = jobs  # a file is checked by a job worker
         self.default_model = default_model  # for conversations whose file names none
         self.progress = progress
         self._jobs: dict[str, ImportJob] = {}
@@ -195,9 +197,9 @@ class Imports:
             folder = await asyncio.to_thread(tempfile.mkdtemp, prefix="pocketchat-import-")
             source, lines = os.path.join(folder, "upload.json"), os.path.join(folder, "conversations.jsonl")
             try:
-                await asyncio.to_thread(_copy, upload, source)
-                async with self._readers:
-                    verdict = await self._read(source, lines)
+                size = await asyncio.to_thread(_copy, upload, source)
+                async with self._readers if size > SMALL_FILE_BYTES else contextlib.nullcontext():
+                    verdict = await self._read(owner, source, lines)
             except BaseException:
                 await asyncio.to_thread(shutil.rmtree, folder, True)
                 raise
@@ -212,32 +214,18 @@ class Imports:
         self._keep(self._write(job, lines, folder), name=f"import {job.id[:6]}")
         return job
 
-    async def _read(self, source: str, lines: str) -> dict[str, Any]:
-        """Run the child that reads the file; its verdict (`{conversations, dropped}`), or BadFile with its
-        reason (the child's `{error, status}`, or how it ended: out of time, out of memory, a crash)."""
-        child = await asyncio.create_subprocess_exec(
-            sys.executable, "-m", "pocketchat.transfer.read", source, lines, str(READ_MEMORY),
-            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=APP_ROOT,
-        )  # fmt: skip
+    async def _read(self, owner: str, source: str, lines: str) -> dict[str, Any]:
+        """Check the file in a job worker; its verdict (`{conversations, dropped}`), or BadFile with its
+        reason (the file's, or its budget's: out of time, out of memory)."""
         try:
-            out, err = await asyncio.wait_for(child.communicate(), READ_TIMEOUT)
-        except BaseException as error:
-            child.kill()
-            await child.wait()
-            if isinstance(error, TimeoutError):
-                took = f"The file takes longer to check than an import may ({READ_TIMEOUT:.0f} s); split it."
-                raise BadFile(took, 413) from None
-            raise
-        verdict = json.loads(out) if child.returncode in (0, 1) and out else None
-        if verdict is None and (child.returncode == -signal.SIGKILL or b"MemoryError" in err):
-            # Out of memory where it could not say so itself (in C code, or killed by the kernel's OOM killer).
-            logger.warning("the import reader ran out of memory (exit %s)", child.returncode)
-            raise BadFile(over_memory(READ_MEMORY), status=413)
-        if verdict is None:
-            logger.error(
-                "the import reader failed (exit %s): %s", child.returncode, err.decode(errors="replace")[-2000:]
-            )
-            raise BadFile("The file could not be read (the server's log says why).", status=500)
+            verdict = await self.jobs.run(owner, check, source, lines, seconds=READ_TIMEOUT, memory_bytes=READ_MEMORY)
+        except OverBudget as over:
+            if over.budget == "memory":
+                raise BadFile(over_memory(READ_MEMORY), status=413) from None
+            took = f"The file takes longer to check than an import may ({READ_TIMEOUT:.0f} s); split it."
+            raise BadFile(took, 413) from None
+        except JobFailed:
+            raise BadFile("The file could not be read (the server's log says why).", status=500) from None
         if "error" in verdict:
             raise BadFile(verdict["error"], verdict["status"])
         return verdict
@@ -368,7 +356,9 @@ class Imports:
         await cancel_and_wait(self._tasks, patience=CLEANUP_SECONDS)
 
 
-def _copy(upload: BinaryIO, path: str) -> None:
+def _copy(upload: BinaryIO, path: str) -> int:
+    """Copy the upload to `path`; its size."""
     upload.seek(0)
     with open(path, "wb") as file:
         shutil.copyfileobj(upload, file, 1 << 20)
+        return file.tell()

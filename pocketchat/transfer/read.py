@@ -1,20 +1,19 @@
 """Reading an import file: its bytes to conversation trees, every one checked before any is stored.
 
 An upload may be a hundred megabytes of JSON. Parsing it holds the GIL for seconds (json's parser never
-lets it go), so the app never parses one in its own process: it runs this module as a child process
-(`python -m pocketchat.transfer.read FILE OUT MEMORY`), which writes the checked trees to OUT, one line
-of our own format each, and its verdict on stdout. The app then reads OUT a line at a time, between writes.
+lets it go), so the app never parses one in its own process: `check` runs in a job worker
+(pocketchat/jobs), which writes the checked trees to a file, one line of our own format each, and answers
+its verdict. The app then reads that file a line at a time, between writes.
 
-The child reads the file a conversation at a time (`values`: json's own parser, given one item of the
+It reads the file a conversation at a time (`values`: json's own parser, given one item of the
 top-level list at a time), checking and writing each as it goes, so that it holds the largest
 conversation, not the whole file: parsed whole, a 100 MB list of empty lists took 2.5 GB. And it runs
-under a budget of MEMORY bytes (of address space): a file that needs more is refused, saying so.
+within the job's memory budget: a file that needs more is refused, saying so.
 """
 
 import codecs
 import gc
 import json
-import os
 import re
 import resource
 import sys
@@ -179,10 +178,14 @@ def read_trees(file: BinaryIO) -> Iterator[ConversationTree]:
         raise BadFile("The file holds no conversation.")
 
 
-def main(source: str, out: str, budget: int) -> int:
-    """The child process: read `source`, write its trees to `out` (a line each), print the verdict."""
-    conversations, dropped, refused = 0, dict[str, int](), None
-    over = BadFile(over_memory(budget), status=413)  # made now: when memory runs out, there may be none for it
+def check(source: str, out: str) -> dict[str, Any]:
+    """Read `source`, write its trees to `out` (a line each); the verdict: `{conversations, dropped}`, or
+    `{error, status}` for a file that cannot be imported. Run in a job worker (pocketchat/jobs), whose
+    memory budget ends it with MemoryError."""
+    conversations, dropped = 0, dict[str, int]()
+    # Parsing makes millions of containers and no cycle, and the collector walked them again and again:
+    # 18 MB of ChatGPT's JSON parsed in 1.07 s with it, 0.38 s without.
+    gc.disable()
     try:
         with open(source, "rb") as file, open(out, "w", encoding="utf-8") as lines:
             for tree in read_trees(file):
@@ -191,21 +194,20 @@ def main(source: str, out: str, budget: int) -> int:
                 for kind, number in tree.dropped.items():
                     dropped[kind] = dropped.get(kind, 0) + number
     except BadFile as bad:
-        refused = bad
-    except MemoryError:
-        refused = over  # said once the exception, and all it held, is gone
-    if refused is not None:
-        print(json.dumps({"error": refused.message, "status": refused.status}))
-        return 1
-    print(json.dumps({"conversations": conversations, "dropped": dropped}))
-    return 0
+        return {"error": bad.message, "status": bad.status}
+    finally:
+        gc.enable()
+    return {"conversations": conversations, "dropped": dropped}
 
 
 if __name__ == "__main__":
-    os.nice(10)  # reading a file is never urgent: the app's chats get the CPU first
-    # Parsing makes millions of containers and no cycle, and the collector walked them again and again:
-    # 18 MB of ChatGPT's JSON parsed in 1.07 s with it, 0.38 s without.
-    gc.disable()
+    # `python -m pocketchat.transfer.read FILE OUT MEMORY`: the check alone, within MEMORY bytes of
+    # address space, its verdict on stdout (to measure the reader's memory: tests, bench).
     budget = int(sys.argv[3])
     resource.setrlimit(resource.RLIMIT_AS, (budget, budget))
-    sys.exit(main(sys.argv[1], sys.argv[2], budget))
+    over = {"error": over_memory(budget), "status": 413}  # made now: when memory runs out, there may be none
+    try:
+        verdict = check(sys.argv[1], sys.argv[2])
+    except MemoryError:
+        verdict = over
+    print(json.dumps(verdict))
