@@ -7,7 +7,7 @@ no node's state.
 
 from collections.abc import Callable
 
-from pocketflow import AsyncFlow
+from pocketflow import AsyncFlow, AsyncNode
 
 from nodes import (
     BuildPrompt,
@@ -21,41 +21,39 @@ from nodes import (
     StreamChat,
     TitleConversation,
 )
+from pocketchat.flows import chain, may_fail
 from pocketchat.settings import Settings
 
 
 def create_chat_flow(settings: Settings) -> AsyncFlow:
-    """One chat turn: name the conversation, find the passages of its documents, read the images a model
-    that sees them gets, build the prompt, stream the reply (with tool calls run in a loop, PocketFlow's
-    agent: the model decides, the tools act, back to the model), record it."""
-    title = TitleConversation()
-    retrieve = RetrieveDocuments()
-    images = ReadImages()
-    prompt = BuildPrompt()
+    """One chat turn: what runs before the model (name the conversation, find the passages of its
+    documents, read the images a model that sees them gets, build the prompt), the model's reply streamed
+    (with tool calls run in a loop, PocketFlow's agent: the model decides, the tools act, back to the
+    model), what runs after a complete reply, and the reply recorded whatever its end."""
+    before_the_model = [TitleConversation(), RetrieveDocuments(), ReadImages(), BuildPrompt()]
+    # Nodes for complete replies, in order; each may fail without failing the reply (a `failed` step says so).
+    after_a_complete_reply: list[AsyncNode] = []
     chat = StreamChat(max_retries=settings.retries, wait=settings.retry_wait)
     run_tools = RunTools()
     save = SaveReply()
-    title >> retrieve >> images >> prompt >> chat
+    chain(*before_the_model, chat)
     # The model asked for tools: run them, and back to it with their results (--max-tool-steps rounds).
     chat - "tools" >> run_tools
     run_tools >> chat
     run_tools - "stopped" >> save
-    # StreamChat says how the reply ended; a node for complete replies only goes on the first line.
-    chat - "complete" >> save
+    # StreamChat says how the reply ended.
+    chat - "complete" >> chain(*may_fail(after_a_complete_reply), save)
     chat - "stopped" >> save
     chat - "error" >> save
-    return AsyncFlow(start=title)
+    return AsyncFlow(start=before_the_model[0])
 
 
 def create_indexing_flow(settings: Settings) -> AsyncFlow:
     """One document, in the background after its upload (its text read already): cut it into passages,
     embed them in batches, store them and mark it ready."""
-    chunk = ChunkDocument()
     # A remote embedding provider may fail for a moment: each attempt embeds every passage again.
     embed = EmbedChunks(max_retries=settings.retries, wait=settings.retry_wait)
-    store = StoreChunks()
-    chunk >> embed >> store
-    return AsyncFlow(start=chunk)
+    return AsyncFlow(start=chain(ChunkDocument(), embed, StoreChunks()))
 
 
 FLOWS: dict[str, Callable[[Settings], AsyncFlow]] = {

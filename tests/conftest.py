@@ -218,6 +218,12 @@ class ChatClient:
         self.connection.close()
 
 
+def of_node(steps: list[dict[str, Any]], node: str, kind: str | None = None) -> list[dict[str, Any]]:
+    """The steps one node showed (of one kind): what a test of that node checks, whatever other nodes
+    the flow runs show beside them."""
+    return [step for step in steps if step["node"] == node and kind in (None, step["kind"])]
+
+
 def reply_text(frames: list[dict[str, Any]]) -> str:
     return "".join(f["content"] for f in frames if f["type"] == "chunk")
 

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.browser
 
 GUIDE = (ROOT / "docs" / "add-a-node.md").read_text()
 BLOCKS = re.findall(r"```python\n# (\S+): ([^\n]*)\n(.*?)```", GUIDE, re.S)
-COMPLETE_LINE = '    chat - "complete" >> save\n'
+AFTER_THE_REPLY = re.compile(r"(after_a_complete_reply: list\[AsyncNode\] = \[)([^\]]*)\]")
 
 
 def copy_of_checkout(into: Path) -> Path:
@@ -46,9 +46,11 @@ def apply(copy: Path, path: str, how: str, code: str) -> None:
     elif how.startswith("add to the imports"):
         last_import = max(m.end() for m in re.finditer(r"^from utils\.\S+ import [^\n]+\n", text, re.M))
         text = text[:last_import] + code + text[last_import:]
-    else:  # a line of create_chat_flow becomes the block's line
-        assert COMPLETE_LINE in text, "flow.py no longer has the line the guide changes"
-        text = text.replace(COMPLETE_LINE, code)
+    else:  # a node added to create_chat_flow's list of nodes after a complete reply
+        listed = AFTER_THE_REPLY.search(text)
+        assert listed, "flow.py no longer lists the nodes after a complete reply"
+        nodes = ", ".join(part for part in (listed[2].strip().rstrip(","), code.strip()) if part)
+        text = text[: listed.start()] + f"{listed[1]}{nodes}]" + text[listed.end() :]
     target.write_text(text)
 
 
@@ -143,7 +145,7 @@ class CountWords(AsyncNode):
         shared["log"].append_step("CountWords", "word_count", {"words": len(reply.split())})
 '''
     apply(copy, "nodes.py", "add at the end", node)
-    apply(copy, "flow.py", "changed", '    chat - "complete" >> CountWords() >> save\n')
+    apply(copy, "flow.py", "in create_chat_flow, add to after_a_complete_reply", "CountWords()")
     flow = (copy / "flow.py").read_text()
     (copy / "flow.py").write_text(flow.replace("BuildPrompt,", "BuildPrompt, CountWords,", 1))
     assert changed_files(copy) == {"nodes.py", "flow.py"}

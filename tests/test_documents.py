@@ -15,7 +15,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from tests.conftest import AppProcess, ChatClient
+from tests.conftest import AppProcess, ChatClient, of_node
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.pdfs import damaged_pdf, encrypted_pdf, scanned_pdf, text_pdf
 
@@ -170,7 +170,8 @@ def test_a_pdf_and_a_markdown_file_answer_a_question_with_their_file_and_page(st
     assert "eleven kilos of honey" in system_prompt(fake)
     # The sources are kept with the reply: in the history of a reload, another tab, another replica.
     history = app.get(f"/api/conversations/{conversation_id}")["messages"]
-    assert history[-1]["meta"]["steps"][0]["data"][0]["source"] == "garden.md"
+    (sources,) = of_node(history[-1]["meta"]["steps"], "RetrieveDocuments", "sources")
+    assert sources["data"][0]["source"] == "garden.md"
 
 
 def test_a_small_document_is_given_whole_in_order(start_app, fake):

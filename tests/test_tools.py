@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import API_KEY, MODES, ROOT, AppProcess, ChatClient, chunk_seqs, reply_text
+from tests.conftest import API_KEY, MODES, ROOT, AppProcess, ChatClient, chunk_seqs, of_node, reply_text
 from tests.fake_openai import Call, FakeOpenAI, Reply
 from tests.services import free_port
 from tests.test_cluster import another_replica, shared  # noqa: F401 (fixtures)
@@ -96,7 +96,7 @@ def test_the_model_calls_a_tool_sees_its_result_and_answers(app: AppProcess, fak
     words = sum(len(str(m.get("content") or "").split()) for r in prompts for m in r["json"]["messages"])
     assert usage["prompt_tokens"] == words and usage["completion_tokens"] == 1 + 2
     history = app.client().hello(client.frames[0]["conversation_id"])["history"]
-    assert [s["kind"] for s in history[-1]["meta"]["steps"]] == ["tool_call", "tool_result"]
+    assert [s["kind"] for s in of_node(history[-1]["meta"]["steps"], "RunTools")] == ["tool_call", "tool_result"]
 
 
 def test_several_calls_in_one_reply_run_at_once_and_each_result_goes_back(start_app, fake, tmp_path):
@@ -263,7 +263,7 @@ def test_stop_mid_tool_cancels_it_on_the_server_ends_the_turn_stopped_and_keeps_
     assert len(fake.chat_requests) == 1  # the model was not asked again
     reply = app.client().hello(conversation)["history"][-1]
     assert reply["status"] == "stopped" and reply["content"] == "Waiting. " == reply_text(shown + rest)
-    assert [s["kind"] for s in reply["meta"]["steps"]] == ["tool_call", "tool_result"]
+    assert [s["kind"] for s in of_node(reply["meta"]["steps"], "RunTools")] == ["tool_call", "tool_result"]
 
 
 def test_a_socket_that_arrives_mid_tool_gets_each_step_once(start_app, fake, tmp_path):
@@ -280,7 +280,7 @@ def test_a_socket_that_arrives_mid_tool_gets_each_step_once(start_app, fake, tmp
     late = app.client()
     running = late.hello(conversation)["running"]
     followed = late.until("turn_end")
-    kinds = [s["kind"] for s in running["steps"]] + [s["kind"] for s in steps(followed)]
+    kinds = [s["kind"] for s in of_node(running["steps"] + steps(followed), "RunTools")]
     assert sorted(kinds) == ["tool_call", "tool_call", "tool_result", "tool_result"]
     assert reply_text(followed) == "Two." and running["content"] == "One. "
 
@@ -475,7 +475,7 @@ def test_a_step_retried_after_the_tools_shows_no_chunk_and_no_step_twice(app, fa
     frames = client.turn("sum")
     assert chunk_seqs(frames) == [1, 2, 3, 4]
     assert reply_text(frames) == "First, a sum. It is 2." and frames[-1]["status"] == "complete"
-    assert [s["kind"] for s in steps(frames)] == ["tool_call", "tool_result"]
+    assert [s["kind"] for s in of_node(steps(frames), "RunTools")] == ["tool_call", "tool_result"]
     assert len(fake.chat_requests) == 3
 
 
@@ -776,6 +776,6 @@ def test_a_replica_killed_mid_loop_ends_the_turn_interrupted_on_the_other_within
     assert noticed < 5, f"noticed after {noticed:.1f} s"
     reply = client(b.ws_url, cookie).hello(conversation)["history"][-1]
     assert reply["status"] == "interrupted" and reply["content"] == "Looking it up. " == reply_text(seen + rest)
-    assert [s["kind"] for s in reply["meta"]["steps"]] == ["tool_call"]
+    assert [s["kind"] for s in of_node(reply["meta"]["steps"], "RunTools")] == ["tool_call"]
     for socket in (on_a, on_b):
         socket.close()

@@ -1,0 +1,40 @@
+"""What flow.py builds its graphs with, beyond PocketFlow's own `>>`: a list of nodes chained in order, and
+nodes that may fail without failing the turn (those after a complete reply: the reply is whole already)."""
+
+import copy
+import itertools
+import logging
+from typing import Any
+
+from pocketflow import AsyncNode, BaseNode
+
+logger = logging.getLogger("pocketchat")
+
+
+def chain(*nodes: BaseNode) -> BaseNode:
+    """`a >> b >> c` for a list: each node's default action goes to the next; the first is returned."""
+    for node, following in itertools.pairwise(nodes):
+        node >> following
+    return nodes[0]
+
+
+class MayFail(AsyncNode):
+    """Runs `node`; if it raises, the turn goes on as if it had not run: its failure is a `failed` step of
+    its own in plain words (the log has the traceback), and the flow takes the default action."""
+
+    def __init__(self, node: AsyncNode) -> None:
+        super().__init__()
+        self.node = node
+
+    async def _run_async(self, shared: dict[str, Any]) -> str | None:
+        name = type(self.node).__name__
+        try:
+            await copy.copy(self.node)._run_async(shared)  # a copy, as PocketFlow runs each node
+        except Exception:
+            logger.exception("%s failed in turn %s; the reply goes on without it", name, shared["turn"].id)
+            shared["log"].append_step(name, "failed", f"{name} could not run; the reply is not affected.")
+        return None
+
+
+def may_fail(nodes: list[AsyncNode]) -> list[BaseNode]:
+    return [MayFail(node) for node in nodes]
