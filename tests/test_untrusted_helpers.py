@@ -332,3 +332,29 @@ def test_the_clock_refuses_what_is_no_iana_time_zone(name):
 @pytest.mark.parametrize("name", ["UTC", "Europe/Paris", "America/New_York", "Asia/Kolkata", "Etc/GMT+5"])
 def test_the_clock_tells_the_time_in_an_iana_time_zone(name):
     assert current_time(name).endswith(f", {name})")
+
+
+def test_documents_are_embedded_at_a_lower_priority_than_the_chats_and_questions_are_not():
+    """A long document's passages take minutes of CPU: the chats get it first (the thread's own nice)."""
+    import asyncio
+    import os
+
+    from utils.embeddings import LocalEmbedder
+
+    embedder = LocalEmbedder()
+
+    async def priorities() -> tuple[int, int]:
+        await embedder.embed(["a passage"])
+        await embedder.embed(["a question"], question=True)
+        (documents,), (questions,) = embedder._documents._threads, embedder._questions._threads
+        return os.getpriority(os.PRIO_PROCESS, documents.native_id), os.getpriority(
+            os.PRIO_PROCESS, questions.native_id
+        )
+
+    try:
+        assert asyncio.run(priorities()) == (
+            os.getpriority(os.PRIO_PROCESS, 0) + 10,
+            os.getpriority(os.PRIO_PROCESS, 0),
+        )
+    finally:
+        embedder.close()

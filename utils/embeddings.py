@@ -9,7 +9,9 @@ indexed, and the event loop never waits for either.
 """
 
 import asyncio
+import contextlib
 import hashlib
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -60,7 +62,9 @@ class LocalEmbedder:
     name = LOCAL_MODEL
 
     def __init__(self) -> None:
-        self._documents = ThreadPoolExecutor(1, thread_name_prefix="embed-documents")
+        # Documents are never urgent: their thread runs at a lower priority than the chats (on Linux a
+        # thread has a nice value of its own), so a long document takes the CPU the chats leave.
+        self._documents = ThreadPoolExecutor(1, thread_name_prefix="embed-documents", initializer=_lower_priority)
         self._questions = ThreadPoolExecutor(1, thread_name_prefix="embed-questions")
         self._loading = threading.Lock()
         self._model: tuple[Any, Any] | None = None  # (tokenizer, onnxruntime session), once loaded
@@ -112,6 +116,11 @@ class LocalEmbedder:
     def close(self) -> None:
         self._documents.shutdown(wait=False, cancel_futures=True)
         self._questions.shutdown(wait=False, cancel_futures=True)
+
+
+def _lower_priority() -> None:
+    with contextlib.suppress(OSError, AttributeError):  # not Linux, or not allowed: as it was
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
 
 
 class EmbeddingProvider(Protocol):
