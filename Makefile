@@ -34,6 +34,8 @@ bench: $(VENV)/.dev node_modules/.installed /usr/bin/chromium /usr/sbin/nginx
 	$(PY) -m bench.cluster
 	$(PY) -m bench.retrieval
 	$(PY) -m bench.search
+	$(PY) -m bench.hostile --repeat 3
+	$(PY) -m bench.page_weight
 
 screenshots: $(VENV)/.dev node_modules/.installed /usr/bin/chromium
 	$(PY) -m docs.make_screenshots
