@@ -19,7 +19,7 @@ from pocketchat.errors import ProviderError, StorageError
 from pocketchat.jobs import Jobs
 from pocketchat.providers import sees_images
 from pocketchat.records import DocumentRecord, Message, Passage, Status
-from pocketchat.store import Store, save_reply
+from pocketchat.store import NotIndexing, Store, save_reply
 from pocketchat.tools import CallOutcome, ToolBox, shown_arguments
 from pocketchat.turn_log import TurnLog
 from utils.chunking import Chunk, chunk_pages
@@ -498,8 +498,11 @@ class StoreChunks(AsyncNode):
     ) -> None:
         store: Store = shared["store"]
         document: DocumentRecord = shared["document"]
+        # Each write lands only while the document is still indexing: one refused (removed meanwhile, or
+        # marked failed by another replica, which deleted the passages written so far) stops here.
         for start in range(0, len(rows), STORE_BATCH):
-            await store.add_chunks(document, rows[start : start + STORE_BATCH])
+            if not await store.add_chunks(document, rows[start : start + STORE_BATCH]):
+                raise NotIndexing(document.id)
         document.status, document.progress, document.chunks = "ready", 1.0, len(rows)
         if not await store.finish_document(document):
-            document.status = "failed"  # removed meanwhile (or swept as stale): its passages go with it
+            raise NotIndexing(document.id)

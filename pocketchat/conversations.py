@@ -31,6 +31,7 @@ UNKNOWN = "No conversation has that id; it may have been deleted."
 UNSTORED_KEEP_SECONDS = 600.0
 MAX_UNSTORED = 10_000  # new conversations kept without a socket; the oldest are let go first
 DOCUMENTS_RECHECK_SECONDS = 30.0  # see Conversation.knows_no_documents
+DOCUMENT_STAGES = {"indexing": 0, "ready": 1, "failed": 1, "removed": 2}  # a document's state only moves on
 
 
 class Subscriber(Protocol):
@@ -121,6 +122,7 @@ class Conversation:
         # trusted for DOCUMENTS_RECHECK_SECONDS only, in case another replica's frame was lost.
         self._without_documents_at = None if stored else time.monotonic()
         self.documents_told = 0  # document frames seen: a look begun before one tells nothing
+        self._document_stages: dict[str, int] = {}  # by document id: how far the frames told have taken it
 
     @property
     def id(self) -> str:
@@ -140,6 +142,18 @@ class Conversation:
         """A document of the conversation was added, indexed, failed or removed."""
         self.documents_told += 1
         self._without_documents_at = None
+
+    def tell_document(self, frame: dict[str, Any]) -> None:
+        """A `document` frame, this replica's or another's, to the sockets; unless it would take the document
+        back (indexing after failed, anything after removed): the late word of a replica that was indexing
+        a document another replica marked failed, or removed, can cross Redis after that replica's."""
+        self.documents_changed()
+        state = frame["document"]
+        stage = DOCUMENT_STAGES.get(state["status"], 0)
+        if stage < self._document_stages.get(state["id"], 0):
+            return
+        self._document_stages[state["id"]] = stage
+        self.broadcast(frame)
 
     def ready_frame(self, provider: dict[str, Any]) -> tuple[str, TurnLog | None, int]:
         """The `ready` frame, encoded, and the log and seq to follow after, so that nothing is lost or

@@ -17,21 +17,29 @@ from typing import Any, BinaryIO
 from flow import create_indexing_flow
 from pocketchat import protocol
 from pocketchat.background import CLEANUP_SECONDS, cancel_and_wait
+from pocketchat.errors import ProviderError
 from pocketchat.jobs import JobFailed, Jobs, OverBudget
 from pocketchat.metrics import Metrics
 from pocketchat.records import DocumentRecord
 from pocketchat.settings import Settings
-from pocketchat.store import Store
+from pocketchat.store import NotIndexing, Store
 from utils.embeddings import Embedder, EmbeddingProvider, LocalEmbedder, RemoteEmbedder
 from utils.read_document import Page, UnreadableDocument, kind_of, read_document
 from utils.retrieval import VectorCache
 
 logger = logging.getLogger("pocketchat")
-# With replicas: an indexing that gave no sign of life this long lost its replica (it writes its progress
-# every REPORT_SECONDS; only a remote embedding provider's answer may take longer: up to --idle-limit).
+# With replicas: an indexing that gave no sign of life this long lost its replica. Its sign of life is
+# written every LIVE_SECONDS whatever it waits on (a remote embedder silent up to --idle-limit, a job
+# worker cutting a big file), so the cutoff does not grow with those waits.
 STALE_SECONDS = 20.0
-SWEEP_SECONDS = 5.0  # how often a replica looks for them
+LIVE_SECONDS = 2.0
+SWEEP_SECONDS = 3.0  # how often a replica looks for them: a dead replica's document fails 18-23 s on
 REPORT_SECONDS = 0.5  # progress is told (and written) at most this often
+# Why an indexing stops when one of its writes is refused (for the log).
+NOT_INDEXING = "its write was refused: it is no longer indexing (removed, or marked failed by another replica)"
+# What the user reads of an indexing that failed on the server's side (the database, a bug): the error
+# itself is for the log. A job's or the provider's failure is said in its own words.
+SERVER_FAILED = "Indexing failed because of an error on the server. Remove it and attach it again."
 NAME_CHARACTERS = 200
 JOINERS = "\u200c\u200d"  # format characters a name keeps: they join emoji and the letters of some scripts
 
@@ -101,18 +109,14 @@ class Library:
         if not self.settings.clustered:
             await self._sweep(time.time())
             return
-        await self._sweep(time.time() - self._stale_seconds)
+        await self._sweep(time.time() - STALE_SECONDS)
         self._sweeping = asyncio.create_task(self._sweep_now_and_then())
-
-    @property
-    def _stale_seconds(self) -> float:
-        return max(STALE_SECONDS, 2 * self.settings.idle_limit)
 
     async def _sweep_now_and_then(self) -> None:
         while True:
             await asyncio.sleep(SWEEP_SECONDS)
             try:
-                await self._sweep(time.time() - self._stale_seconds)
+                await self._sweep(time.time() - STALE_SECONDS)
             except Exception as error:  # the database is down: the next round tries again
                 logger.warning("could not look for documents left indexing: %s", error)
 
@@ -175,17 +179,23 @@ class Library:
         """Run the indexing flow; whatever stops it, the document ends ready or failed, never half."""
         started = time.monotonic()
         shared = self.new_shared(document, pages)
+        beating = asyncio.create_task(self._keep_alive(document))
         try:
             await create_indexing_flow(self.settings).run_async(shared)
         except asyncio.CancelledError:
-            raise  # removed, or the process stops: the start of the next one marks it failed
+            raise  # stopped (`stop`), or the process stops: the start of the next one marks it failed
+        except NotIndexing:
+            self.stop(document.id, NOT_INDEXING)
+            return
         except Exception as error:
-            # The message is for the user (a provider's, or the database's); the traceback for the log.
             logger.exception("document %s… failed to index", document.id[:6])
-            document.status, document.error = "failed", f"Indexing failed: {error}"
-            with contextlib.suppress(Exception):
-                await self.store.finish_document(document)
+            document.status, document.error = "failed", failure_message(error)
+            with contextlib.suppress(Exception):  # unwritten: the next start, or another replica, marks it failed
+                if not await self.store.finish_document(document):
+                    self.stop(document.id, NOT_INDEXING)
+                    return
         finally:
+            beating.cancel()
             self._indexing.pop(document.id, None)
         if document.status == "ready":
             self.metrics.documents_indexed.inc()
@@ -202,6 +212,12 @@ class Library:
             (time.monotonic() - started) * 1000,
         )
 
+    async def _keep_alive(self, document: DocumentRecord) -> None:
+        """The indexing's sign of life, every LIVE_SECONDS while it runs, whatever it waits on."""
+        while True:
+            await asyncio.sleep(LIVE_SECONDS)
+            self._write_progress(document, tell=False)
+
     def new_shared(self, document: DocumentRecord, pages: list[Page]) -> dict[str, Any]:
         """The shared store the indexing flow runs on."""
         return {
@@ -217,8 +233,8 @@ class Library:
         }
 
     def _progress(self, document: DocumentRecord) -> Callable[[float], None]:
-        """A level, not an event: told again (a retried batch), it says the same. Told to the sockets and
-        written (as the indexing's sign of life) at most every REPORT_SECONDS."""
+        """A level, not an event: told again (a retried batch), it says the same. Written (as the
+        indexing's sign of life too), then told to the sockets, at most every REPORT_SECONDS."""
         last = 0.0
 
         def report(progress: float) -> None:
@@ -227,29 +243,55 @@ class Library:
             now = time.monotonic()
             if now - last >= REPORT_SECONDS:
                 last = now
-                self.store.document_progress(document)
-                self._told(document)
+                self._write_progress(document, tell=True)
 
         return report
+
+    def _write_progress(self, document: DocumentRecord, tell: bool) -> None:
+        """Write the indexing's progress; once it lands, tell the sockets (`tell`), or if it was refused (the
+        document is no longer indexing), stop the indexing: no page is told it indexes again."""
+
+        def written(write: asyncio.Future[bool]) -> None:
+            if write.cancelled() or write.exception() is not None:
+                return  # the database fails: the store logs it, and the next write tries again
+            if not write.result():
+                self.stop(document.id, NOT_INDEXING)
+            elif tell and document.id in self._indexing:
+                self._told(document)
+
+        self.store.document_progress(document).add_done_callback(written)
 
     def _told(self, document: DocumentRecord) -> None:
         self.tell(document.conversation_id, protocol.document(document.conversation_id, document.to_wire()))
 
+    def stop(self, document_id: str, why: str) -> None:
+        """Stop indexing a document here, if it is, writing and telling nothing more of it."""
+        if (indexing := self._indexing.pop(document_id, None)) is None:
+            return
+        if indexing[1] is not asyncio.current_task():  # (the indexing itself, refused, just returns)
+            indexing[1].cancel()
+        logger.info("document %s… no longer indexed here: %s", document_id[:6], why)
+
+    def removed_elsewhere(self, conversation_id: str, document_id: str | None) -> None:
+        """Another replica removed a document (None: deleted the conversation, and its documents with it)."""
+        if document_id is None:
+            self.forget_conversation(conversation_id, "its conversation was deleted on another replica")
+        else:
+            self.stop(document_id, "it was removed on another replica")
+
     async def remove(self, conversation_id: str, document_id: str) -> bool:
         """Delete a document of the conversation (its indexing stopped, its passages gone); whether it was there."""
-        if (indexing := self._indexing.pop(document_id, None)) is not None:
-            indexing[1].cancel()
+        self.stop(document_id, "it was removed")
         removed = await self.store.delete_document(conversation_id, document_id)
         if removed:
             self.tell(conversation_id, protocol.document(conversation_id, {"id": document_id, "status": "removed"}))
         return removed
 
-    def forget_conversation(self, conversation_id: str) -> None:
+    def forget_conversation(self, conversation_id: str, why: str = "its conversation was deleted") -> None:
         """Stop indexing the documents of a deleted conversation (the database deleted them with it)."""
-        for document_id, (of, task) in list(self._indexing.items()):
+        for document_id, (of, _) in list(self._indexing.items()):
             if of == conversation_id:
-                del self._indexing[document_id]
-                task.cancel()
+                self.stop(document_id, why)
 
     async def aclose(self) -> None:
         tasks = [task for _, task in self._indexing.values()]
@@ -257,6 +299,14 @@ class Library:
             tasks.append(self._sweeping)
         await cancel_and_wait(tasks, patience=CLEANUP_SECONDS)
         self.embedder.close()
+
+
+def failure_message(error: Exception) -> str:
+    """What the user reads of an indexing that failed: a job's or the provider's words (a file too slow to
+    cut, an embedder that said no); of anything else (the database's error, a bug), that the server failed."""
+    if isinstance(error, JobFailed | ProviderError):
+        return f"Indexing failed: {error.message}"
+    return SERVER_FAILED
 
 
 def megabytes(size: int) -> str:

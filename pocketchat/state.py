@@ -57,6 +57,7 @@ class AppState:
         )
         self.documents = Library(settings, store, provider, self.metrics, self.jobs)
         self.documents.tell = self.tell_documents
+        self.coordinator.on_documents_removed = self.documents.removed_elsewhere
         self.images = Images(settings, store, provider, self.jobs)
         self.tools = Catalog(settings, store, self.limits, self.jobs)  # built-in tools and the MCP servers
         self.coordinator.on_lag = self.metrics.log_lag.observe
@@ -100,8 +101,7 @@ class AppState:
     def tell_documents(self, conversation_id: str, frame: dict[str, Any]) -> None:
         """A `document` frame, to the conversation's sockets here and on every other replica."""
         if (conversation := self.hub.live(conversation_id)) is not None:
-            conversation.documents_changed()
-            conversation.broadcast(frame)
+            conversation.tell_document(frame)
         self.coordinator.documents_changed(conversation_id, frame)
 
     # ---- sessions and their sockets -------------------------------------------------------------

@@ -334,7 +334,7 @@ def test_metrics_count_documents_indexed_and_failed_their_chunks_and_retrieval_t
 def test_a_process_killed_while_indexing_leaves_no_document_that_looks_ready(request, mode, start_app, fake):
     """One process: its next start marks the document failed. Replicas: another replica running beside it
     notices the indexing gave no sign of life for 20 s, and marks it failed (its sockets are told)."""
-    app = start_app("--idle-limit", "5")  # with replicas, silent for 20 s (not 2 x 30 s) is dead
+    app = start_app()
     client, conversation_id = new_conversation(app)
     long_text = "\n\n".join(f"Paragraph {i} tells of the {i}th lantern of the old bridge. " * 8 for i in range(600))
     status, document = upload(app, conversation_id, "long.md", long_text.encode())
@@ -342,7 +342,7 @@ def test_a_process_killed_while_indexing_leaves_no_document_that_looks_ready(req
     while not any(f["type"] == "document" and f["document"]["progress"] > 0.05 for f in client.until("document")):
         pass
     if mode == "replicas":
-        other = start_app("--idle-limit", "5")
+        other = start_app()
         watcher, _ = new_conversation(other)
         watcher.hello(conversation_id)
         app.kill()

@@ -30,6 +30,9 @@ class Coordinator(Protocol):
     limits: Limits  # counted here, or in Redis across replicas
     replica: str  # this process's name, new at each start
     on_lag: Callable[[float], None] | None  # told how far behind the producer a read of its log was
+    # Told of documents removed on another replica: (conversation id, document id, or None for all of a
+    # deleted conversation's), so that their indexing here stops at once.
+    on_documents_removed: Callable[[str, str | None], None] | None
 
     @property
     def failure(self) -> str | None:

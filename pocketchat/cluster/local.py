@@ -17,6 +17,7 @@ class LocalCoordinator(NoOtherReplicas):
     failure: str | None = None
     stopped: str | None = None
     on_lag: Callable[[float], None] | None = None  # never told: nothing is read from another replica
+    on_documents_removed: Callable[[str, str | None], None] | None = None  # never told: no other replica
 
     def __init__(self, settings: Settings) -> None:
         self.limits = Limits(settings, LocalCounters())

@@ -111,6 +111,7 @@ class Replicas:
         self._reader = Reader(self.link, self._mirrors, self._on_event, sight)
         self._watchdog = Watchdog(self.link, store, self._mirrors, self._elsewhere, sight, self._errands.run)
         self._tasks = Background()
+        self.on_documents_removed: Callable[[str, str | None], None] | None = None
 
     # ---- lifecycle -----------------------------------------------------------------------------
 
@@ -342,9 +343,13 @@ class Replicas:
                 if name in event:
                     setattr(live.record, name, event[name])
             live.broadcast(protocol.conversation(live.record))
-        elif kind == "document" and live is not None:
-            live.documents_changed()
-            live.broadcast(event["frame"])
+        elif kind == "document":
+            if live is not None:
+                live.stored = True  # the replica that took the upload stored it first
+                live.tell_document(event["frame"])
+            state = event["frame"]["document"]
+            if state["status"] == "removed" and self.on_documents_removed is not None:
+                self.on_documents_removed(conversation_id, state["id"])  # its indexing here stops
         elif kind == "switched" and live is not None and live.turn is None:
             # (A turn that started meanwhile shows its own path: the switch came too late for it.)
             live.show(event["leaf"])
@@ -353,6 +358,8 @@ class Replicas:
             # One id under "conversation" from a replica of the version before (a rolling upgrade).
             for deleted_id in event.get("conversations") or [conversation_id]:
                 self.hub.gone(deleted_id)
+                if self.on_documents_removed is not None:
+                    self.on_documents_removed(deleted_id, None)
 
     # ---- imports (a page may ask any replica how far one got) -----------------------------------
 

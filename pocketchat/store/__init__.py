@@ -132,14 +132,19 @@ class Store(Protocol):
 
     def add_document(self, document: DocumentRecord) -> asyncio.Future[Any]: ...
 
-    def document_progress(self, document: DocumentRecord) -> asyncio.Future[Any]: ...
+    # A document's indexing writes only while it is `indexing` (each write checks, in its transaction):
+    # each says whether it landed. One refused means another replica marked it failed, or it was removed.
+
+    def document_progress(self, document: DocumentRecord) -> asyncio.Future[bool]:
+        """Write how far its indexing went, and that it goes on (its `updated_at`)."""
 
     def add_chunks(
         self, document: DocumentRecord, rows: list[tuple[int, int | None, str, bytes]]
-    ) -> asyncio.Future[Any]: ...
+    ) -> asyncio.Future[bool]:
+        """Store passages (seq, page, text, vector): all of them, or (refused) none."""
 
     def finish_document(self, document: DocumentRecord) -> asyncio.Future[bool]:
-        """Mark it ready or failed (its passages deleted), if it is still indexing; whether it was."""
+        """Mark it ready or failed (its passages deleted)."""
 
     def delete_document(self, conversation_id: str, document_id: str) -> asyncio.Future[bool]: ...
 
@@ -199,6 +204,11 @@ class Store(Protocol):
 
     async def shared(self, token_hash: str) -> tuple[str, float] | None:
         """The snapshot (JSON text) and creation time of the live link with this token hash."""
+
+
+class NotIndexing(Exception):
+    """A write of a document's indexing was refused: the document is no longer `indexing` (another replica
+    marked it failed, or it was removed). Its indexing stops, and writes and tells nothing more."""
 
 
 TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered

@@ -33,25 +33,37 @@ class PostgresAttachments:
         row = document.to_row()
         return self._write(lambda db: db.execute(query, *row), document.conversation_id, retry=False)
 
-    def document_progress(self, document: DocumentRecord) -> asyncio.Future[Any]:
-        """Write how far its indexing went (and that it goes on: `updated_at`)."""
+    # An indexing's writes land only while its document is still `indexing`, each checked in its own
+    # transaction (the UPDATE's row lock holds off a sweep or a delete until it commits): a replica that
+    # woke from a pause, or that indexes a document removed elsewhere, writes nothing. A document id is
+    # one indexing: a document never goes back to `indexing`, and a file attached again is a new one.
+
+    def document_progress(self, document: DocumentRecord) -> asyncio.Future[bool]:
+        """Write how far its indexing went (and that it goes on: `updated_at`); whether it still indexes."""
         query = "UPDATE documents SET progress = $1, updated_at = $2 WHERE id = $3 AND status = 'indexing'"
         row = (document.progress, time.time(), document.id)
-        return self._write(lambda db: db.execute(query, *row), document.conversation_id, retry=False)
+
+        async def work(db: asyncpg.Connection) -> bool:
+            return rows_changed(await db.execute(query, *row)) > 0
+
+        return self._write(work, document.conversation_id, retry=False)
 
     def add_chunks(
         self, document: DocumentRecord, rows: list[tuple[int, int | None, str, bytes]]
-    ) -> asyncio.Future[Any]:
-        """Store passages (seq, page, text, vector) of a document being indexed; retrieval ignores them
-        until `finish_document` marks it ready."""
+    ) -> asyncio.Future[bool]:
+        """Store passages (seq, page, text, vector) of a document being indexed, if it still is; whether
+        it was (if not, nothing is stored). Retrieval ignores them until `finish_document` marks it ready."""
         query = (
             "INSERT INTO chunks (document_id, conversation_id, seq, page, text, vector) VALUES ($1, $2, $3, $4, $5, $6)"
         )
         values = [(document.id, document.conversation_id, *row) for row in rows]
 
-        async def work(db: asyncpg.Connection) -> None:
+        async def work(db: asyncpg.Connection) -> bool:
+            touched = "UPDATE documents SET updated_at = $1 WHERE id = $2 AND status = 'indexing'"
+            if rows_changed(await db.execute(touched, time.time(), document.id)) == 0:
+                return False
             await db.executemany(query, values)
-            await db.execute("UPDATE documents SET updated_at = $1 WHERE id = $2", time.time(), document.id)
+            return True
 
         return self._write(work, document.conversation_id, retry=False)
 
@@ -62,9 +74,11 @@ class PostgresAttachments:
         row = (document.status, document.error, document.progress, document.chunks, time.time(), document.id)
 
         async def work(db: asyncpg.Connection) -> bool:
+            if rows_changed(await db.execute(query, *row)) == 0:
+                return False
             if document.status == "failed":
                 await db.execute("DELETE FROM chunks WHERE document_id = $1", document.id)
-            return rows_changed(await db.execute(query, *row)) > 0
+            return True
 
         return self._write(work, document.conversation_id, retry=False)
 

@@ -27,23 +27,30 @@ class SqliteAttachments:
         row = document.to_row()
         return self._write(lambda db: db.execute(query, row), document.conversation_id, retry=False)
 
-    def document_progress(self, document: DocumentRecord) -> asyncio.Future[Any]:
-        """Write how far its indexing went (and that it goes on: `updated_at`)."""
+    # An indexing's writes land only while its document is still `indexing`, each checked in its own
+    # write (the one writer runs it whole): an indexing that goes on after its document was removed writes
+    # nothing. A document id is one indexing: a document never goes back to `indexing`.
+
+    def document_progress(self, document: DocumentRecord) -> asyncio.Future[bool]:
+        """Write how far its indexing went (and that it goes on: `updated_at`); whether it still indexes."""
         query = "UPDATE documents SET progress = ?, updated_at = ? WHERE id = ? AND status = 'indexing'"
         row = (document.progress, time.time(), document.id)
-        return self._write(lambda db: db.execute(query, row), document.conversation_id, retry=False)
+        return self._write(lambda db: db.execute(query, row).rowcount > 0, document.conversation_id, retry=False)
 
     def add_chunks(
         self, document: DocumentRecord, rows: list[tuple[int, int | None, str, bytes]]
-    ) -> asyncio.Future[Any]:
-        """Store passages (seq, page, text, vector) of a document being indexed; retrieval ignores them
-        until `finish_document` marks it ready."""
+    ) -> asyncio.Future[bool]:
+        """Store passages (seq, page, text, vector) of a document being indexed, if it still is; whether
+        it was (if not, nothing is stored). Retrieval ignores them until `finish_document` marks it ready."""
         query = "INSERT INTO chunks (document_id, conversation_id, seq, page, text, vector) VALUES (?, ?, ?, ?, ?, ?)"
         values = [(document.id, document.conversation_id, *row) for row in rows]
 
-        def work(db: sqlite3.Connection) -> None:
+        def work(db: sqlite3.Connection) -> bool:
+            touched = "UPDATE documents SET updated_at = ? WHERE id = ? AND status = 'indexing'"
+            if db.execute(touched, (time.time(), document.id)).rowcount == 0:
+                return False
             db.executemany(query, values)
-            db.execute("UPDATE documents SET updated_at = ? WHERE id = ?", (time.time(), document.id))
+            return True
 
         return self._write(work, document.conversation_id, retry=False)
 
@@ -54,9 +61,11 @@ class SqliteAttachments:
         row = (document.status, document.error, document.progress, document.chunks, time.time(), document.id)
 
         def work(db: sqlite3.Connection) -> bool:
+            if db.execute(query, row).rowcount == 0:
+                return False
             if document.status == "failed":
                 db.execute("DELETE FROM chunks WHERE document_id = ?", (document.id,))
-            return db.execute(query, row).rowcount > 0
+            return True
 
         return self._write(work, document.conversation_id, retry=False)
 
