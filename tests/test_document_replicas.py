@@ -297,7 +297,7 @@ def test_a_failed_indexing_says_why_in_a_job_or_the_providers_words_and_never_in
     for error in (asyncpg.ForeignKeyViolationError(foreign_key), sqlite3.IntegrityError(foreign_key), KeyError("bug")):
         message = failure_message(error)
         assert "chunks" not in message and "bug" not in message and "attach it again" in message
-    slow = OverBudget("It took longer than the 30 s a job may take, and was stopped.")
+    slow = OverBudget("It took longer than the 30 s a job may take, and was stopped.", "time")
     assert failure_message(slow) == f"Indexing failed: {slow.message}"
     refused = ProviderError("The provider at http://127.0.0.1/v1 sent nothing for 30 s.")
     assert failure_message(refused) == f"Indexing failed: {refused.message}"
