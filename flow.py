@@ -1,11 +1,10 @@
-"""The graphs PocketChat can run, by name: `--flow NAME` picks one (default `chat`).
+"""The graphs PocketChat runs: the flows a turn can run, by name (`FLOWS`: `--flow NAME` picks one,
+default `chat`), and the indexing of a document. main.py hands them to the app.
 
 A flow gets its options from the settings. The app builds it once; each turn runs it on the turn's
 shared store (see `turns.new_shared`), and PocketFlow runs a copy of each node, so turns at once share
 no node's state.
 """
-
-from collections.abc import Callable
 
 from pocketflow import AsyncFlow, AsyncNode
 
@@ -21,7 +20,7 @@ from nodes import (
     StreamChat,
     TitleConversation,
 )
-from pocketchat.flows import chain, may_fail
+from pocketchat.flows import ChatFlow, chain, may_fail
 from pocketchat.settings import Settings
 
 
@@ -56,6 +55,6 @@ def create_indexing_flow(settings: Settings) -> AsyncFlow:
     return AsyncFlow(start=chain(ChunkDocument(), embed, StoreChunks()))
 
 
-FLOWS: dict[str, Callable[[Settings], AsyncFlow]] = {
-    "chat": create_chat_flow,
+FLOWS: dict[str, ChatFlow] = {
+    "chat": ChatFlow("Chat", "Answers with your documents and tools.", create_chat_flow),
 }

@@ -28,7 +28,7 @@ from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from flow import FLOWS
+from flow import FLOWS, create_indexing_flow
 from pocketchat.providers import make_provider
 from pocketchat.settings import Settings
 from pocketchat.state import AppState
@@ -54,7 +54,7 @@ def create_app(settings: Settings) -> FastAPI:
         if interrupted:
             logger.warning("marked %d replies cut short by an earlier crash as interrupted", interrupted)
         provider = make_provider(settings)
-        app.state.chat = state = AppState(settings, store, provider)
+        app.state.chat = state = AppState(settings, store, provider, FLOWS, create_indexing_flow)
         await state.start()
         announce_sign_in(settings, state.sign_in.token)
         warming = asyncio.create_task(provider.warm_up())

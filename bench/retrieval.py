@@ -61,7 +61,7 @@ async def open_library(path: Path) -> tuple[SqliteStore, Library, ConversationRe
     store = SqliteStore(path)
     await store.open()
     settings = Settings()
-    library = Library(settings, store, None, Metrics(lambda: 0), Jobs.from_settings(settings))
+    library = Library(settings, store, None, Metrics(lambda: 0), Jobs.from_settings(settings), create_indexing_flow)
     record = ConversationRecord(model="bench", system_prompt="")
     await store.create_conversation(record)
     return store, library, record
@@ -74,7 +74,7 @@ async def index_set(store: SqliteStore, library: Library, record: ConversationRe
         pages = read_document(io.BytesIO(path.read_bytes()), path.name)
         document = DocumentRecord(record.id, OWNER, path.name, path.stat().st_size, embedder=library.embedder.name)
         await store.add_document(document)
-        await create_indexing_flow(library.settings).run_async(library.new_shared(document, pages))
+        await library.indexing.run_async(library.new_shared(document, pages))
         assert document.status == "ready", document
         documents.append(document)
     return documents
@@ -199,7 +199,7 @@ async def measure() -> dict[str, Any]:
             document = DocumentRecord(record.id, OWNER, "big.md", len(big), embedder=library.embedder.name)
             await store.add_document(document)
             started = time.perf_counter()
-            await create_indexing_flow(library.settings).run_async(library.new_shared(document, pages))
+            await library.indexing.run_async(library.new_shared(document, pages))
             results["indexing"] = {
                 "passages": document.chunks,
                 "per second": document.chunks / (time.perf_counter() - started),

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any, BinaryIO
 
-from flow import create_indexing_flow
 from pocketchat import protocol
 from pocketchat.background import CLEANUP_SECONDS, cancel_and_wait
 from pocketchat.errors import ProviderError
+from pocketchat.flows import FlowFactory
 from pocketchat.jobs import JobFailed, Jobs, OverBudget
 from pocketchat.metrics import Metrics
 from pocketchat.records import DocumentRecord
@@ -87,9 +87,12 @@ def file_name(raw: str | None, default: str = "document.txt") -> str:
 class Library:
     """The documents of every conversation this process serves."""
 
-    def __init__(self, settings: Settings, store: Store, provider: Any, metrics: Metrics, jobs: Jobs) -> None:
+    def __init__(
+        self, settings: Settings, store: Store, provider: Any, metrics: Metrics, jobs: Jobs, indexing: FlowFactory
+    ) -> None:
         self.settings = settings
         self.store = store
+        self.indexing = indexing(settings)  # flow.py's create_indexing_flow: built once, run on copies
         self.jobs = jobs  # a file is read, and cut into passages, by the job workers
         self.metrics = metrics
         self.embedder = make_embedder(settings, provider)
@@ -181,7 +184,7 @@ class Library:
         shared = self.new_shared(document, pages)
         beating = asyncio.create_task(self._keep_alive(document))
         try:
-            await create_indexing_flow(self.settings).run_async(shared)
+            await self.indexing.run_async(shared)
         except asyncio.CancelledError:
             raise  # stopped (`stop`), or the process stops: the start of the next one marks it failed
         except NotIndexing:

@@ -1,12 +1,18 @@
 """What flow.py builds its graphs with, beyond PocketFlow's own `>>`: a list of nodes chained in order, and
-nodes that may fail without failing the turn (those after a complete reply: the reply is whole already)."""
+nodes that may fail without failing the turn (those after a complete reply: the reply is whole already);
+and how it names them to the app (`ChatFlow`): main.py hands flow.py's graphs to the app, which never
+imports flow.py or nodes.py itself."""
 
 import copy
 import itertools
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from pocketflow import AsyncNode, BaseNode
+from pocketflow import AsyncFlow, AsyncNode, BaseNode
+
+from pocketchat.settings import Settings
 
 logger = logging.getLogger("pocketchat")
 
@@ -38,3 +44,15 @@ class MayFail(AsyncNode):
 
 def may_fail(nodes: list[AsyncNode]) -> list[BaseNode]:
     return [MayFail(node) for node in nodes]
+
+
+FlowFactory = Callable[[Settings], AsyncFlow]  # a graph, built once from the settings
+
+
+@dataclass(frozen=True)
+class ChatFlow:
+    """A flow a turn can run: what people see of it, and how it is built."""
+
+    title: str
+    description: str  # one line
+    create: FlowFactory

@@ -7,13 +7,13 @@ from typing import Any, Protocol
 from fastapi import FastAPI
 from pocketflow import AsyncFlow
 
-from flow import FLOWS
 from pocketchat import protocol
 from pocketchat.background import Background, cancel_and_wait
 from pocketchat.cluster import Coordinator, make_coordinator
 from pocketchat.conversations import Conversation, Hub
 from pocketchat.documents import Library
 from pocketchat.errors import ProviderError
+from pocketchat.flows import ChatFlow, FlowFactory
 from pocketchat.images import Images
 from pocketchat.jobs import Jobs
 from pocketchat.limits import UPLOADS_AT_ONCE, LocalGauge
@@ -35,12 +35,21 @@ class SignedInSocket(Protocol):
 
 
 class AppState:
-    def __init__(self, settings: Settings, store: Store, provider: ChatProvider) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        store: Store,
+        provider: ChatProvider,
+        flows: dict[str, ChatFlow],
+        indexing: FlowFactory,
+    ) -> None:
+        """`flows` and `indexing` are flow.py's (main.py hands them over): a turn's flows by name, and a
+        document's indexing."""
         self.settings = settings
         self.store = store
         self.provider = provider
         # Built once: PocketFlow runs each turn on copies of its nodes, so turns share it safely.
-        self.flow: AsyncFlow = FLOWS[settings.flow](settings)
+        self.flow: AsyncFlow = flows[settings.flow].create(settings)
         self.hub = Hub(store)
         self.coordinator: Coordinator = make_coordinator(settings, self.hub, store)
         self.hub.coordinator = self.coordinator  # asked for turn logs, and of conversations elsewhere
@@ -55,7 +64,7 @@ class AppState:
             settings.job_seconds,
             settings.job_memory_mb * 1_000_000,
         )
-        self.documents = Library(settings, store, provider, self.metrics, self.jobs)
+        self.documents = Library(settings, store, provider, self.metrics, self.jobs, indexing)
         self.documents.tell = self.tell_documents
         self.coordinator.on_documents_removed = self.documents.removed_elsewhere
         self.images = Images(settings, store, provider, self.jobs)

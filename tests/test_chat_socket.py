@@ -3,6 +3,7 @@
 import asyncio
 import logging
 
+from flow import FLOWS, create_indexing_flow
 from pocketchat.providers import UnavailableProvider
 from pocketchat.settings import Settings
 from pocketchat.state import AppState
@@ -36,7 +37,7 @@ def test_an_unexpected_failure_while_sending_closes_the_socket_with_1011_and_is_
     async def scenario() -> tuple[int | None, int]:
         store = SqliteStore(tmp_path / "c.db")
         await store.open()
-        state = AppState(Settings(model="m"), store, UnavailableProvider("none"))
+        state = AppState(Settings(model="m"), store, UnavailableProvider("none"), FLOWS, create_indexing_flow)
         websocket = BrokenWebSocket()
         client = Client(websocket, state, "local")  # type: ignore[arg-type]
         await asyncio.wait_for(client.serve(), 5)

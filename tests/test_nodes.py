@@ -4,7 +4,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from flow import FLOWS
+from flow import FLOWS, create_indexing_flow
 from pocketchat.conversations import Conversation, Hub, NoOtherReplicas
 from pocketchat.providers import UnavailableProvider
 from pocketchat.providers.openai_compatible import OpenAIProvider
@@ -28,7 +28,8 @@ async def run_one_turn(fake: FakeOpenAI, db: Path, content: str, history: list[M
     conversation = Conversation(record, history or [])  # stored just above
     turn = conversation.begin_message(content)
     await store.open_turn(record.id, None, [turn.user_message, turn.reply])  # as turns.run_turn does
-    await FLOWS["chat"](settings).run_async(new_shared(AppState(settings, store, provider), conversation, turn))
+    state = AppState(settings, store, provider, FLOWS, create_indexing_flow)
+    await state.flow.run_async(new_shared(state, conversation, turn))
     conversation.end(turn)
     frames = [json.loads(text) async for text in turn.log.follow(0)]
     stored = await store.load(record.id)
@@ -121,7 +122,7 @@ def test_a_bug_is_not_retried_and_the_turn_ends_as_an_internal_error(tmp_path, c
         store = SqliteStore(tmp_path / "c.db")
         await store.open()
         provider = BrokenProvider()
-        state = AppState(Settings(retries=3, retry_wait=0), store, provider)
+        state = AppState(Settings(retries=3, retry_wait=0), store, provider, FLOWS, create_indexing_flow)
         conversation = state.hub.create("local", "broken-model", "")
         turn = conversation.begin_message("hello")
         await run_turn(state, conversation, turn)
@@ -154,7 +155,7 @@ async def document_reads_per_turn(fake: FakeOpenAI, db: Path, stored: bool) -> l
     store = CountingStore(db)
     await store.open()
     provider = OpenAIProvider(f"http://127.0.0.1:{fake.port}/v1", "sk-test", "fake-model", idle_limit=5)
-    state = AppState(Settings(), store, provider)
+    state = AppState(Settings(), store, provider, FLOWS, create_indexing_flow)
     record = ConversationRecord(model="fake-model", system_prompt="Be brief.")
     await store.create_conversation(record)
     conversation = Conversation(record, [], stored=stored)
@@ -165,7 +166,7 @@ async def document_reads_per_turn(fake: FakeOpenAI, db: Path, stored: bool) -> l
         fake.queue(Reply(tokens=["ok"]))
         turn = conversation.begin_message("hello")
         await store.open_turn(record.id, None, [turn.user_message, turn.reply])
-        await FLOWS["chat"](state.settings).run_async(new_shared(state, conversation, turn))
+        await state.flow.run_async(new_shared(state, conversation, turn))
         conversation.end(turn)
         reads.append(store.document_reads)
     await provider.aclose()
