@@ -20,9 +20,10 @@ from pocketchat.jobs import Jobs
 from pocketchat.providers import sees_images
 from pocketchat.records import DocumentRecord, Message, Passage, Status
 from pocketchat.store import NotIndexing, Store, save_reply
-from pocketchat.tools import CallOutcome, ToolBox, shown_arguments
+from pocketchat.tools import CallOutcome, ToolBox, safe_call, shown_arguments
 from pocketchat.turn_log import TurnLog
 from utils.chunking import Chunk, chunk_pages
+from utils.clean import MESSAGE_CHARACTERS, clean_text
 from utils.embeddings import Embedder, to_bytes
 from utils.llm_stream import ChatProvider, Sampling, StopSignal, StreamResult, ToolCall, stream_llm
 from utils.prompt import PromptMessage, Snippet, build_prompt, data_url, images_to_send
@@ -305,7 +306,7 @@ class StreamChat(AsyncNode):
         source = request.provider.usage_source(request.model) if request.model else "estimated"
         said = usage.add(outcome.result, source, request.messages, reply.content, reply.reasoning)
         reply.meta.update(usage.stats(request.model, turn.started_at))  # summed over the steps so far
-        calls = outcome.result.tool_calls if outcome.result is not None else []
+        calls = [safe_call(call) for call in outcome.result.tool_calls] if outcome.result is not None else []
         if outcome.status == "complete" and calls and not request.final:
             # What the model said and asked for joins the prompt; RunTools adds the results.
             asked = [_call_message(call) for call in calls]
@@ -314,6 +315,8 @@ class StreamChat(AsyncNode):
             return "tools"
         reply.status = outcome.status
         if outcome.error is not None:
+            # The provider's own message, which its body (or a stream's error event) may make anything.
+            outcome.error.message = clean_text(outcome.error.message, MESSAGE_CHARACTERS)
             reply.error = outcome.error.message
             turn.error_kind = outcome.error.kind
             outcome.error.turn_id = turn.id

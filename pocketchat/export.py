@@ -1,6 +1,7 @@
 """A conversation as a Markdown document."""
 
 from datetime import UTC, datetime
+from typing import Any
 
 from pocketchat.records import ConversationRecord, DocumentRecord, Message
 
@@ -28,12 +29,24 @@ def conversation_markdown(
             lines += [""]
         if message.error:
             lines += [f"> Error: {message.error}", ""]
-        sources = [s for step in message.meta.get("steps", []) if step.get("kind") == "sources" for s in step["data"]]
+        sources = _sources(message)
         if sources:
             lines += ["Sources:", ""]
             lines += [f"- [{number}] {source.get('source', '')}" for number, source in enumerate(sources, 1)]
             lines += [""]
     return "\n".join(lines).rstrip() + "\n"
+
+
+def _sources(message: Message) -> list[dict[str, Any]]:
+    """The passages a reply cited (its `sources` steps), read as any stored meta may be: of any shape."""
+    steps = message.meta.get("steps")
+    return [
+        source
+        for step in (steps if isinstance(steps, list) else [])
+        if isinstance(step, dict) and step.get("kind") == "sources" and isinstance(step.get("data"), list)
+        for source in step["data"]
+        if isinstance(source, dict)
+    ]
 
 
 def _state(document: DocumentRecord) -> str:

@@ -8,6 +8,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from utils.clean import stored_json
+
 Role = Literal["user", "assistant"]
 # streaming: a reply being written; interrupted: a reply a crash or shutdown cut short.
 Status = Literal["complete", "streaming", "stopped", "error", "interrupted"]
@@ -84,9 +86,10 @@ class Message:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "Message":
-        """A message as a database row holds it (SQLite's or PostgreSQL's; `meta` is JSON text)."""
+        """A message as a database row holds it (SQLite's or PostgreSQL's; `meta` is JSON text, read back
+        safe whatever wrote it: see `stored_json`)."""
         names = ("id", "turn_id", "role", "content", "reasoning", "status", "error", "created_at", "parent_id")
-        return cls(**{name: row[name] for name in names}, meta=json.loads(row["meta"]))
+        return cls(**{name: row[name] for name in names}, meta=stored_json(row["meta"], {}))
 
     @classmethod
     def from_wire(cls, wire: Mapping[str, Any], conversation_id: str, owner: str) -> "Message":
@@ -147,6 +150,18 @@ CONVERSATION_COLUMNS = (
 JSON_COLUMNS = ("tools_off", "sampling")  # kept as JSON text in both databases
 
 
+def read_json_columns(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A conversation's JSON_COLUMNS as read, safe whatever wrote them: the sources turned off (names), and
+    the sampling values it knows (numbers, sent to the provider)."""
+    tools_off = [name for name in stored_json(row["tools_off"], []) if isinstance(name, str)]
+    sampling = {
+        name: value
+        for name, value in stored_json(row["sampling"], {}).items()
+        if name in SAMPLING_RANGES and isinstance(value, int | float) and not isinstance(value, bool)
+    }
+    return {"tools_off": tools_off, "sampling": sampling}
+
+
 @dataclass
 class ConversationRecord:
     model: str
@@ -171,7 +186,7 @@ class ConversationRecord:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "ConversationRecord":
         values = {name: row[name] for name in CONVERSATION_COLUMNS}
-        return cls(**values | {name: json.loads(values[name]) for name in JSON_COLUMNS}, leaf_id=row["leaf_id"])
+        return cls(**values | read_json_columns(values), leaf_id=row["leaf_id"])
 
     def to_row(self) -> tuple[Any, ...]:
         """The record as both stores write it, in the order of CONVERSATION_COLUMNS."""

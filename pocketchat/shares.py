@@ -11,6 +11,7 @@ from typing import Any
 
 from pocketchat.records import ConversationRecord, Message, new_id
 from pocketchat.store import token_hash
+from utils.clean import stored_json
 
 MAX_SHARES_PER_CONVERSATION = 20  # live links of one conversation; revoking one makes room
 TOKEN = re.compile(r"[A-Za-z0-9_-]{43}")  # what secrets.token_urlsafe(32) makes
@@ -48,3 +49,9 @@ def snapshot(record: ConversationRecord, history: list[Message], running_turn: s
         if running_turn is None or message.turn_id != running_turn
     ]
     return {"title": record.title, "messages": messages}
+
+
+def read_snapshot(text: str) -> dict[str, Any]:
+    """A link's snapshot as stored (JSON text), read back safe whatever wrote it (utils/clean.py); a
+    snapshot that cannot be read at all shows as an empty conversation rather than failing the link."""
+    return stored_json(text, {"title": None, "messages": []})

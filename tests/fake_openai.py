@@ -45,6 +45,7 @@ class Reply:
     first_delay: float = 0.0
     reasoning: list[str] = field(default_factory=list)  # reasoning_content pieces sent before the content
     usage: bool = True  # send the usage chunk when the client asks for it
+    usage_values: dict[str, Any] | None = None  # send this as the usage, whatever it holds, not the counts
     status: int | None = None  # answer with this HTTP error instead
     message: str = "The fake provider failed on purpose."
     cut_after: int | None = None  # drop the connection after this many content chunks
@@ -245,7 +246,7 @@ class FakeOpenAI:
                 writer.write(delta({}, "tool_calls" if reply.calls else "stop"))
             if reply.usage and (body.get("stream_options") or {}).get("include_usage"):
                 prompt = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
-                usage = {
+                usage = reply.usage_values or {
                     "prompt_tokens": prompt,
                     "completion_tokens": len(pieces),
                     "total_tokens": prompt + len(pieces),

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pocketchat.errors import ProviderError
+from utils.clean import clean_usage, valid_text
 
 # One chunk of an OpenAI chat completion stream, as JSON: {"choices": [{"delta": {...},
 # "finish_reason": ...}], "usage": {...} | None, ...}.
@@ -91,8 +92,8 @@ def _read(chunk: Chunk) -> tuple[list[Choice], dict[str, int] | None]:
         if tool_calls is not None and not isinstance(tool_calls, list):
             raise TypeError("tool_calls must be a list")
         choices.append((content, reasoning, choice.get("finish_reason"), tool_calls))
-    usage = chunk.get("usage")
-    return choices, {key: int(usage.get(key) or 0) for key in USAGE_KEYS} if usage else None
+    # A usage that is no count of tokens (text, negative, absurd) is left out: the reply's is estimated.
+    return choices, clean_usage(chunk.get("usage"), USAGE_KEYS)
 
 
 class ToolCallParts:
@@ -151,14 +152,6 @@ class UnicodeRepair:
         """What is held back when the stream ends (a high surrogate alone: U+FFFD)."""
         text, self._held = valid_text(self._held), ""
         return text
-
-
-def valid_text(text: str) -> str:
-    if text.isascii():  # most text, and every chunk of many replies: no surrogate to mend
-        return text.replace("\x00", "")
-    # UTF-16 with surrogatepass turns a proper pair into its character; "replace" marks the rest. A NUL
-    # is dropped: PostgreSQL cannot store one.
-    return text.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace").replace("\x00", "")
 
 
 class StopSignal(asyncio.Event):

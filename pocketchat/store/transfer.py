@@ -9,7 +9,9 @@ import json
 from collections.abc import Mapping
 from typing import Any, Literal
 
+from pocketchat.records import read_json_columns
 from pocketchat.transfer.tree import ConversationTree, TreeMessage
+from utils.clean import stored_json
 
 CONVERSATION_COLUMNS = (
     "id", "owner", "title", "model", "system_prompt", "created_at", "updated_at", "tools_off", "leaf_id",
@@ -75,8 +77,7 @@ def tree_from_rows(conversation: Mapping[str, Any], messages: list[Mapping[str, 
         created_at=conversation["created_at"],
         updated_at=conversation["updated_at"],
         leaf_id=conversation["leaf_id"],
-        tools_off=json.loads(conversation["tools_off"]),
-        sampling=json.loads(conversation["sampling"]),
+        **read_json_columns(conversation),
         messages=[
             TreeMessage(
                 id=row["id"],
@@ -86,7 +87,7 @@ def tree_from_rows(conversation: Mapping[str, Any], messages: list[Mapping[str, 
                 reasoning=row["reasoning"],
                 status=row["status"],
                 error=row["error"],
-                meta=json.loads(row["meta"]),
+                meta=stored_json(row["meta"], {}),
                 created_at=row["created_at"],
             )
             for row in messages

@@ -22,13 +22,17 @@ from typing import Any
 from pocketchat.errors import RateLimited
 from pocketchat.limits import Limits
 from pocketchat.settings import Settings
-from utils.llm_stream import ToolCall, ToolOffer, valid_text
+from utils.clean import ID_CHARACTERS, NAME_CHARACTERS, clean_arguments, clean_text
+from utils.llm_stream import ToolCall, ToolOffer
 
 logger = logging.getLogger("pocketchat")
 
 BUILTIN, CLIENT = "builtin", "client"  # sources that are not MCP servers
 WIRE_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # what OpenAI accepts as a function name
 STEP_RESULT_CHARACTERS = 2000  # of a result (and of arguments, an error), kept in its step for the page
+# Of a call's arguments as the model wrote them: they go to the tool, and back to the model in each later
+# request of the turn. Longer ones are cut (StreamChat), and the call is not run.
+ARGUMENT_CHARACTERS = 100_000
 CANCEL_WAIT_SECONDS = 1.0  # a cancelled call may take this long to say goodbye (MCP's cancellation)
 # A model may ask for thousands of calls at once: each would run (or be refused by the rate limit), show
 # two steps kept with the reply, and go back to the provider in every later request.
@@ -120,11 +124,23 @@ def cut(text: str, budget: int) -> str:
     return text[:budget] + f"\n[… cut: the result has {len(text):,} characters; these are the first {budget:,}.]"
 
 
+def safe_call(call: ToolCall) -> ToolCall:
+    """A tool call as the model wrote it, made safe before it is run, shown or kept (StreamChat calls this
+    on each): its id and name bounded, its arguments JSON without a lone surrogate nor deep nesting. The
+    escape of a lone surrogate in its arguments (`{"expression":"\\ud800"}`, which a prompt injection can
+    ask for) once made its conversation unreadable, across restarts (issue 31)."""
+    return ToolCall(
+        clean_text(call.id, ID_CHARACTERS),
+        clean_text(call.name, NAME_CHARACTERS),
+        clean_arguments(call.arguments, ARGUMENT_CHARACTERS),
+    )
+
+
 def arguments_of(call: ToolCall) -> dict[str, Any] | str:
     """The call's arguments as a JSON object, or its text as the model wrote it if it is not one."""
     try:
         arguments = json.loads(call.arguments or "{}")
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser's stack
         return call.arguments
     return arguments if isinstance(arguments, dict) else call.arguments
 
@@ -213,6 +229,8 @@ class ToolBox:
         tool = self._offered.get(call.name)
         if tool is None:
             return CallOutcome(call, call.name, error=f"No tool called {call.name!r:.80} is available.")
+        if len(call.arguments) > ARGUMENT_CHARACTERS:
+            return CallOutcome(call, tool.name, error=f"The arguments are over {ARGUMENT_CHARACTERS:,} characters.")
         arguments = arguments_of(call)
         if isinstance(arguments, str):
             return CallOutcome(call, tool.name, error="The arguments are not a JSON object.")
@@ -226,8 +244,8 @@ class ToolBox:
         # Untrusted text, made valid Unicode without NULs: the socket and PostgreSQL refuse the others. An
         # error may be as long as a result (a server's error result, a client's `error`): cut the same.
         budget = self.settings.tool_result_chars
-        error = outcome.error and valid_text(cut(outcome.error, budget))
-        outcome = replace(outcome, result=valid_text(outcome.result), error=error)
+        error = outcome.error and clean_text(cut(outcome.error, budget))
+        outcome = replace(outcome, result=clean_text(outcome.result), error=error)
         logger.debug(
             "tool %s in turn %s: %s in %d ms",
             tool.name,

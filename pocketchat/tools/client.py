@@ -11,6 +11,7 @@ from typing import Any
 from pocketchat import protocol
 from pocketchat.errors import BadFrame
 from pocketchat.tools import CLIENT, CallContext, Denied, Tool, ToolFailed
+from utils.clean import clean_json
 
 GONE = "the client disconnected"
 
@@ -32,9 +33,10 @@ class ClientTools:
             if tool.name in names:
                 raise BadFrame(f"'tools': the name {tool.name!r} is declared twice; each tool needs a name of its own.")
             names.add(tool.name)
+        # The schema is any JSON the frame allowed (a lone surrogate, a NUL): made safe before it is offered.
         self.tools = [
-            Tool(CLIENT, f"{CLIENT}.{tool.name}", tool.description, tool.parameters, self._caller(tool.name))
-            for tool in declarations
+            Tool(CLIENT, f"{CLIENT}.{t.name}", t.description, clean_json(t.parameters), self._caller(t.name))
+            for t in declarations
         ]
 
     def _caller(self, name: str) -> Callable[[dict[str, Any], CallContext], Any]:

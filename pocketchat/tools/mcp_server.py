@@ -29,6 +29,7 @@ from pocketchat.tools.mcp import (
     secrets_of,
 )
 from pocketchat.tools.mcp_stdio import JunkLines, LineTooLong, bounded_stdio_client
+from utils.clean import DESCRIPTION_CHARACTERS, clean_json, clean_text
 
 logger = logging.getLogger("pocketchat")
 
@@ -197,8 +198,11 @@ class McpServer:
                 continue
             seen.add(shown)
             if len(tools) < self.max_tools:  # every tool offered is declared in every request of a turn
-                schema = tool.input_schema or {"type": "object", "properties": {}}
-                tools.append(Tool(self.name, shown, tool.description or "", schema, self._caller(tool.name)))
+                # Declared in every request and listed in the page: a description and a schema as the
+                # server wrote them (a NUL, megabytes, deep nesting) are made safe first.
+                schema = clean_json(tool.input_schema or {"type": "object", "properties": {}})
+                description = clean_text(tool.description or "", DESCRIPTION_CHARACTERS)
+                tools.append(Tool(self.name, shown, description, schema, self._caller(tool.name)))
         self.tools, self.listed = tools, len(seen)
         self._say_what_is_left_out(len(seen) - len(tools), refused)
 

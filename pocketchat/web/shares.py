@@ -13,7 +13,14 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 
 from pocketchat.records import possible_id
-from pocketchat.shares import MAX_SHARES_PER_CONVERSATION, ShareRecord, new_token, share_hash, snapshot
+from pocketchat.shares import (
+    MAX_SHARES_PER_CONVERSATION,
+    ShareRecord,
+    new_token,
+    read_snapshot,
+    share_hash,
+    snapshot,
+)
 from pocketchat.state import chat_state
 from pocketchat.store import token_hash
 from pocketchat.web.routes import borrowed, count_change
@@ -96,4 +103,4 @@ async def shared_snapshot(request: Request, token: str) -> JSONResponse:
     if (found := await _shared(request, token)) is None:
         return JSONResponse({"detail": GONE}, 404, SHARED_HEADERS)
     text, created_at = found
-    return JSONResponse({**json.loads(text), "created_at": created_at}, headers=SHARED_HEADERS)
+    return JSONResponse({**read_snapshot(text), "created_at": created_at}, headers=SHARED_HEADERS)
