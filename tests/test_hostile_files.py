@@ -9,7 +9,7 @@ import sys
 from PIL import Image
 from pypdf import PdfReader
 
-from pocketchat.transfer.read import parse, read_trees
+from pocketchat.transfer.read import read_trees
 from tests import hostile_files as files
 
 
@@ -35,13 +35,13 @@ def test_the_jpeg_is_progressive_with_a_scan_per_coefficient_and_bit():
 
 
 def test_the_chatgpt_export_keeps_every_message_under_the_chain():
-    trees = read_trees(parse(files.chatgpt_chain_export(empty=50, kept=20)))
+    trees = list(read_trees(io.BytesIO(files.chatgpt_chain_export(empty=50, kept=20))))
     assert len(trees[0].messages) == 20 and all(m.parent_id is None for m in trees[0].messages)
 
 
 def test_the_import_files_parse():
-    assert parse(files.empty_lists_import(0.001)) == [[]] * 333
-    (tree,) = read_trees(parse(files.big_message_import(0.01)))
+    assert json.loads(files.empty_lists_import(0.001)) == [[]] * 333
+    (tree,) = read_trees(io.BytesIO(files.big_message_import(0.01)))
     assert len(tree.messages) == 1 and files.BIG_MESSAGE_QUERY in tree.messages[0].content.replace("é", "e")
 
 

@@ -14,8 +14,7 @@ import pytest
 
 from pocketchat.transfer import read
 from pocketchat.transfer.native import FORMAT, from_file, to_file
-from pocketchat.transfer.read import main as read_main
-from pocketchat.transfer.read import read_trees, values
+from pocketchat.transfer.read import check, read_trees, values
 from pocketchat.transfer.tree import BadFile, ConversationTree
 
 CHATGPT = Path(__file__).parent / "files" / "chatgpt_conversations.json"
@@ -160,16 +159,15 @@ def test_bytes_that_are_not_json_are_refused(raw, says):
     assert says in refused_bytes(raw)
 
 
-def test_the_reader_writes_a_line_a_conversation_and_its_verdict(tmp_path, capsys):
+def test_the_reader_writes_a_line_a_conversation_and_its_verdict(tmp_path):
     out = tmp_path / "out.jsonl"
-    assert read_main(str(CHATGPT), str(out), 1 << 30) == 0
-    verdict = json.loads(capsys.readouterr().out)
+    verdict = check(str(CHATGPT), str(out))
     assert verdict["conversations"] == 2 and verdict["dropped"]["system messages"] == 2
     lines = out.read_text().splitlines()
     assert [from_file(json.loads(line), "it").title for line in lines] == ["Weekend in Lisbon", "Arithmetic"]
     (tmp_path / "bad.json").write_text("[1]")
-    assert read_main(str(tmp_path / "bad.json"), str(out), 1 << 30) == 1
-    assert "neither" in json.loads(capsys.readouterr().out)["error"]
+    verdict = check(str(tmp_path / "bad.json"), str(out))
+    assert "neither" in verdict["error"] and verdict["status"] == 422
 
 
 def node(key: str, parent: str | None, role: str | None = None, text: str = "", at: float = 1.0) -> dict[str, Any]:

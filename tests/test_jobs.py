@@ -196,3 +196,22 @@ def test_a_worker_dies_with_the_app_even_in_the_middle_of_a_job():
             worker.wait(timeout=10)  # psutil.TimeoutExpired if it outlived the app
         finally:
             app.kill()
+
+
+@scenario
+async def test_a_workers_start_is_not_counted_in_a_jobs_time():
+    """On a busy machine a Python takes seconds to start: a calculation's 2 s are its own, not the start's."""
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as folder:
+        slow = Path(folder) / "python"
+        slow.write_text(f'#!/bin/sh\nsleep 2\nexec {sys.executable} "$@"\n')
+        slow.chmod(0o755)
+        executable, sys.executable = sys.executable, str(slow)
+        pool = jobs(workers=1)
+        try:
+            assert await pool.run("alice", calculate, "2 * 21", seconds=1) == 42
+        finally:
+            sys.executable = executable
+            await pool.aclose()

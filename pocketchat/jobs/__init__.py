@@ -22,13 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pocketchat.jobs.wire import HEADER, JOB_FUNCTIONS, answer_of, frame, length_of
+from pocketchat.jobs.wire import HEADER, JOB_FUNCTIONS, READY, answer_of, frame, length_of
 from pocketchat.settings import Settings
 
 logger = logging.getLogger("pocketchat")
 T = TypeVar("T")
 APP_ROOT = Path(__file__).resolve().parents[2]  # where `-m pocketchat.jobs.worker` is found
 PIPE_BUFFER = 1 << 20
+START_SECONDS = 60.0  # a worker's start (not counted in a job's time): minutes only on a machine in trouble
 
 
 class JobFailed(Exception):
@@ -52,7 +53,7 @@ class Worker:
 
     def __init__(self, process: asyncio.subprocess.Process) -> None:
         self.process = process
-        self.jobs = 0
+        self.ready = False  # it said it started: its imports done, a job's time is the job's own
 
     @classmethod
     async def start(cls, functions: frozenset[str]) -> "Worker":
@@ -66,9 +67,15 @@ class Worker:
     def alive(self) -> bool:
         return self.process.returncode is None
 
+    async def started(self) -> None:
+        """Wait for the worker to say it is ready (a Python starting takes seconds on a busy machine)."""
+        assert self.process.stdout is not None
+        if await self.process.stdout.readexactly(len(READY)) != READY:
+            raise ConnectionError("the worker did not start as one")
+        self.ready = True
+
     async def call(self, reference: str, args: tuple[Any, ...], memory: int) -> tuple[str, Any]:
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.jobs += 1
         self.process.stdin.writelines(frame((reference, args, memory)))
         await self.process.stdin.drain()
         header = await self.process.stdout.readexactly(HEADER.size)
@@ -156,8 +163,13 @@ class Jobs:
             self._workers.add(worker)
         kind = "cancelled"
         try:
+            if not worker.ready:
+                await asyncio.wait_for(worker.started(), START_SECONDS)
             kind, value = await asyncio.wait_for(worker.call(reference, args, memory), seconds)
         except TimeoutError:
+            if not worker.ready:
+                logger.error("a job worker did not start within %g s", START_SECONDS)
+                raise JobFailed("It could not be done: no worker could start (the server's log says more).") from None
             logger.warning("job %s over its %g s: stopped", name, seconds)
             raise OverBudget(
                 f"It took longer than the {seconds:g} s a job may take, and was stopped.", "time"

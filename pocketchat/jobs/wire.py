@@ -12,6 +12,7 @@ import struct
 from typing import Any
 
 HEADER = struct.Struct("!Q")
+READY = b"R"  # a worker's first word: it started
 # What a worker may be asked to run ("module:function"): each a function of utils/ whose time and memory
 # a user's input sets.
 JOB_FUNCTIONS = frozenset(

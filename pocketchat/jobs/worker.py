@@ -16,7 +16,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any, BinaryIO
 
-from pocketchat.jobs.wire import ANSWER_CLASSES, HEADER, frame, length_of
+from pocketchat.jobs.wire import ANSWER_CLASSES, HEADER, READY, frame, length_of
 
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 PR_SET_PDEATHSIG = 1
@@ -66,7 +66,10 @@ def answer(function: Callable[..., Any], args: tuple[Any, ...], memory: int) -> 
 
 
 def serve(requests: BinaryIO, answers: BinaryIO, functions: frozenset[str]) -> None:
-    """Answer jobs until the app closes the pipe; only `functions` ("module:function") are run."""
+    """Say it started, then answer jobs until the app closes the pipe; only `functions` ("module:function")
+    are run."""
+    answers.write(READY)
+    answers.flush()
     while header := requests.read(HEADER.size):
         reference, args, memory = pickle.loads(requests.read(length_of(header)))  # the app's: trusted
         framed = answer(function_of(reference, functions), args, memory)
