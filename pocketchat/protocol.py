@@ -25,7 +25,6 @@ from pydantic_core import PydanticCustomError
 
 from pocketchat.errors import BadFrame, ProtocolError, ProviderError, RateLimited, TooLarge
 from pocketchat.records import ConversationRecord, possible_id
-from utils.clean import clean_json
 
 PROTOCOL_VERSION = 1
 MAX_DEPTH = 64  # lists and objects in one frame, nested (a tool declaration's schema, a tool's result)
@@ -303,18 +302,6 @@ def queued(turn_id: str, position: int) -> dict[str, Any]:
 
 def turn_end(turn_id: str, status: str, message_id: str, stats: dict[str, Any]) -> dict[str, Any]:
     return {"type": "turn_end", "turn_id": turn_id, "status": status, "message_id": message_id, **stats}
-
-
-def step(turn_id: str, node: str, kind: str, data: Any) -> dict[str, Any]:
-    """What a node shows in the page: `kind` says how (`status`, `sources`, `suggestions`, ...). Its data
-    is often what a model or a tool wrote (a call's arguments, a result): made safe here, for every node,
-    before it is sent, kept with the reply and stored (utils/clean.py)."""
-    return {"type": "step", "turn_id": turn_id, "node": node, "kind": kind, "data": clean_json(data)}
-
-
-def step_record(frame: dict[str, Any]) -> dict[str, Any]:
-    """A step as kept with its reply (`meta.steps`) and in `ready.running.steps`."""
-    return {"node": frame["node"], "kind": frame["kind"], "data": frame["data"]}
 
 
 def conversation(record: ConversationRecord) -> dict[str, Any]:

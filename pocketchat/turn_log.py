@@ -21,7 +21,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
-from pocketchat import protocol
+from pocketchat import protocol, steps
 
 
 class TurnLog(Protocol):
@@ -37,8 +37,10 @@ class TurnLog(Protocol):
     def append_chunk(self, content: str, reasoning: str | None = None) -> int:
         """Add the next chunk and return its seq."""
 
-    def append_step(self, node: str, kind: str, data: Any) -> None:
-        """Add a `step` frame: what node `node` shows in the page (kind `status`, `sources`, ...)."""
+    def append_step(self, node: str, kind: str, data: Any, **show: Any) -> None:
+        """Add a `step` frame: what node `node` shows in the page (kind `sources`, `tool_call`, its own...);
+        `show` says how: `shape`, `display`, `step_id` (a later step of the node by that id replaces it),
+        `buttons` (pocketchat/steps.py)."""
 
     def snapshot(self, resume: bool = False) -> dict[str, Any]:
         """The reply so far: {turn_id, seq, content, reasoning, steps}. `resume`: the snapshot a socket
@@ -118,10 +120,22 @@ class InProcessTurnLog:
         self._since_chunk += 1
         self._push((self._seq, self._since_chunk), protocol.encode(frame))
 
-    def append_step(self, node: str, kind: str, data: Any) -> None:
-        frame = protocol.step(self.turn_id, node, kind, data)
+    def append_step(self, node: str, kind: str, data: Any, **show: Any) -> None:
+        if show.get("display") == "inline":  # drawn where the reply was when it came
+            show["at"] = sum(len(part) for part in self._content)
+        frame = steps.step(self.turn_id, node, kind, data, **show)
         self.append(frame)
-        self._steps.append((self._keys[-1], protocol.step_record(frame)))
+        self._keep_step(self._keys[-1], steps.step_record(frame))
+
+    def _keep_step(self, key: tuple[int, int], step: dict[str, Any]) -> None:
+        """Keep a step for the reply: in place of the node's earlier step of the same id, if it has one
+        (a progress bar that moves is one step in the reply, however often it moved)."""
+        if "id" in step:
+            for index, (_, kept) in enumerate(self._steps):
+                if kept.get("id") == step["id"] and kept["node"] == step["node"]:
+                    self._steps[index] = (self._steps[index][0], step)
+                    return
+        self._steps.append((key, step))
 
     def append_chunk(self, content: str, reasoning: str | None = None) -> int:
         self._seq += 1
@@ -139,7 +153,7 @@ class InProcessTurnLog:
             self._seq = key[0]
             self._unread.append(text)  # read when a snapshot asks: most mirrored chunks never are
         elif text.startswith(STEP_PREFIX):
-            self._steps.append((key, protocol.step_record(json.loads(text))))
+            self._keep_step(key, steps.step_record(json.loads(text)))
         self._since_chunk = key[1]
         self._push(key, text)
 

@@ -5,7 +5,7 @@ store kept. tests/test_model_text.py runs the same inputs through the app."""
 import asyncio
 import json
 
-from pocketchat import protocol
+from pocketchat import steps
 from pocketchat.turn_log import InProcessTurnLog
 from utils.clean import (
     MAX_DEPTH,
@@ -52,7 +52,7 @@ def test_any_step_a_node_shows_is_sent_and_kept_safe():
     assert frame["data"]["text"] == "a\ufffdb"
     assert frame["data"]["k\ufffd"] == [None, None]
     assert depth_of(frame["data"]["deep"]) == MAX_DEPTH - 1 and TOO_DEEP in sent
-    assert snapshot["steps"] == [protocol.step_record(frame)]
+    assert snapshot["steps"] == [steps.step_record(frame)]
 
 
 def test_json_is_bounded_in_items_values_and_text():

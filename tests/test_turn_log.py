@@ -170,3 +170,48 @@ def test_a_follower_that_leaves_while_it_waits_is_not_kept():
         return waiting, len(log._waiters)
 
     assert asyncio.run(scenario()) == (1, 0)
+
+
+def test_a_step_of_the_same_node_and_id_replaces_the_earlier_one_in_the_reply_here_and_in_a_mirror():
+    """A progress bar that moves: every frame goes to the followers, the reply keeps the last."""
+    from pocketchat.steps import Button
+
+    log, mirror = InProcessTurnLog("t9"), InProcessTurnLog("t9")
+    log.append_step("Index", "progress", {"value": 0.1}, shape="progress", step_id="bar")
+    log.append_chunk("Hello ")
+    log.append_step("Note", "aside", "by the way", shape="text", display="inline")
+    log.append_step("Index", "progress", {"value": 0.9}, shape="progress", step_id="bar")
+    log.append_step("Other", "progress", {"value": 0.5}, shape="progress", step_id="bar")  # another node's
+    buttons = [Button("yes", "Yes"), Button("more", "Tell me more", send="Tell me more")]
+    log.append_step("Ask", "question", "Go on?", shape="text", display="below", step_id="ask", buttons=buttons)
+    for key, text in zip(log._keys, log._entries, strict=True):
+        mirror.add_entry(key, text)
+    for kept in (log.snapshot()["steps"], mirror.snapshot()["steps"]):
+        assert [(step["node"], step["data"]) for step in kept] == [
+            ("Index", {"value": 0.9}),
+            ("Note", "by the way"),
+            ("Other", {"value": 0.5}),
+            ("Ask", "Go on?"),
+        ]
+        assert kept[1]["at"] == len("Hello ") and kept[1]["display"] == "inline"
+        assert kept[3]["buttons"] == [
+            {"id": "yes", "label": "Yes"},
+            {"id": "more", "label": "Tell me more", "send": "Tell me more"},
+        ]
+
+
+def test_a_step_a_page_cannot_draw_is_a_bug_said_where_it_is_made():
+    import pytest
+
+    from pocketchat.steps import Button
+
+    log = InProcessTurnLog("t10")
+    with pytest.raises(ValueError, match="not a step shape"):
+        log.append_step("N", "k", 1, shape="hologram")
+    with pytest.raises(ValueError, match="not a step display"):
+        log.append_step("N", "k", 1, display="sideways")
+    with pytest.raises(ValueError, match="needs an id"):
+        log.append_step("N", "k", 1, buttons=[Button("a", "A")])
+    with pytest.raises(ValueError, match="an id of its own"):
+        log.append_step("N", "k", 1, step_id="s", buttons=[Button("a", "A"), Button("a", "B")])
+    assert log.snapshot()["steps"] == []
