@@ -38,7 +38,8 @@ class MayFail(AsyncNode):
             await copy.copy(self.node)._run_async(shared)  # a copy, as PocketFlow runs each node
         except Exception:
             logger.exception("%s failed in turn %s; the reply goes on without it", name, shared["turn"].id)
-            shared["log"].append_step(name, "failed", f"{name} could not run; the reply is not affected.")
+            said = f"{name} could not run; the reply is not affected."
+            shared["log"].append_step(name, "failed", said, shape="text", display="below")
         return None
 
 

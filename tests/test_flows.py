@@ -17,7 +17,7 @@ class Steps:
     def __init__(self) -> None:
         self.steps: list[tuple[str, str, Any]] = []
 
-    def append_step(self, node: str, kind: str, data: Any) -> None:
+    def append_step(self, node: str, kind: str, data: Any, **show: Any) -> None:
         self.steps.append((node, kind, data))
 
 
