@@ -166,10 +166,18 @@ class Watchdog:
 
     @staticmethod
     def _reply_of(turn_id: str, reply_id: str, snapshot: dict[str, Any], why: str) -> Message:
-        """A reply taken over, as stored: its text so far (a log's snapshot), marked interrupted."""
+        """A reply taken over, as stored: its text and steps so far (a log's snapshot), marked interrupted."""
         content, reasoning = snapshot["content"], snapshot["reasoning"]
+        meta = {"steps": snapshot["steps"]} if snapshot["steps"] else {}
         return Message(
-            "assistant", content, status="interrupted", turn_id=turn_id, id=reply_id, reasoning=reasoning, error=why
+            "assistant",
+            content,
+            status="interrupted",
+            turn_id=turn_id,
+            id=reply_id,
+            reasoning=reasoning,
+            error=why,
+            meta=meta,
         )
 
     @staticmethod
@@ -216,7 +224,7 @@ class Watchdog:
                 opening = None  # stored: its opening write landed
             if opening is not None:
                 record, user_message = opening
-                reply.parent_id, reply.meta = user_message.id, {"model": record.model}
+                reply.parent_id, reply.meta = user_message.id, {"model": record.model, **reply.meta}
             await self.store.save_interrupted(conversation_id, reply, opening)
         except StorageError as error:
             # A refused write is kept and written again when the database is back.

@@ -38,7 +38,7 @@ from pocketchat.store.postgres_schema import START_TIMEOUT, migrate
 from pocketchat.store.postgres_search import PostgresSearch
 from pocketchat.store.postgres_shares import PostgresShares
 from pocketchat.store.postgres_transfer import PostgresTransfer
-from pocketchat.store.queued import QueuedStore, Row
+from pocketchat.store.queued import QueuedStore, Row, merged_meta
 from pocketchat.store.transfer import IMPORTING, PARTIAL
 
 logger = logging.getLogger(__name__)
@@ -286,17 +286,23 @@ class PostgresStore(
 
     def _interrupt(self, message: Message) -> Work[str]:
         query = (
-            "UPDATE messages SET content = $1, reasoning = $2, status = 'interrupted', error = $3"
-            " WHERE id = $4 AND status = 'streaming'"
+            "UPDATE messages SET content = $1, reasoning = $2, status = 'interrupted', error = $3,"
+            " meta = coalesce($5, meta) WHERE id = $4 AND status = 'streaming'"
         )
         row = (message.content, message.reasoning, message.error, message.id)
-        return lambda db: db.execute(query, *row)
+        read = "SELECT meta FROM messages WHERE id = $1 AND status = 'streaming' FOR UPDATE"
+
+        async def work(db: asyncpg.Connection) -> str:
+            stored = await db.fetchval(read, message.id) if message.meta else None
+            return await db.execute(query, *row, merged_meta(stored, message))
+
+        return work
 
     def _interrupt_or_open(
         self, conversation_id: str, message: Message, rows: list[Row], record: ConversationRecord
     ) -> Work[Any]:
-        # The row of a reply whose opening write landed keeps its steps and usage (meta): only its end is
-        # written, as `_interrupt` does. Else the opening write is made now, with the reply as it ended.
+        # The row of a reply whose opening write landed keeps its usage so far (meta): its end is written,
+        # with its steps, as `_interrupt` does. Else the opening write is made now, with the reply as it ended.
         interrupt, open_turn = self._interrupt(message), self._save(conversation_id, rows, record, True)
 
         async def work(db: asyncpg.Connection) -> Any:

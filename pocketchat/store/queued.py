@@ -5,6 +5,7 @@ connection (`_insert`, `_save`, ...); its reads are its own.
 """
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Collection
 from typing import Any
@@ -15,6 +16,12 @@ from pocketchat.store.writes import D, Job, WriteQueue
 
 Work = Callable[[Any], Any]  # what the write connection runs for one job (a coroutine function on PostgreSQL)
 Row = tuple[Any, ...]  # a message as both stores write it (`Message.to_row`)
+
+
+def merged_meta(stored: str | None, message: Message) -> str | None:
+    """The meta to store for a reply taken over: as stored (its model, its usage so far), with what the
+    taken-over reply knows over it (its steps, as its stream had them); None: leave it as it is."""
+    return None if stored is None else json.dumps(json.loads(stored) | message.meta)
 
 
 def _rows(conversation_id: str, messages: list[Message]) -> list[Row]:
@@ -129,7 +136,8 @@ class QueuedStore(WriteQueue[D]):
         raise NotImplementedError
 
     def _interrupt(self, message: Message) -> Work:
-        """Write the message's text, reasoning and error with the status interrupted, if it still streams."""
+        """Write the message's text, reasoning and error with the status interrupted, if it still streams,
+        and its meta's keys over the stored meta's (`merged_meta`)."""
         raise NotImplementedError
 
     def _interrupt_or_open(

@@ -25,7 +25,7 @@ from pocketchat.records import (
     with_images,
 )
 from pocketchat.store import TOMBSTONE_SECONDS, session_hash
-from pocketchat.store.queued import QueuedStore, Row
+from pocketchat.store.queued import QueuedStore, Row, merged_meta
 from pocketchat.store.sqlite_attachments import IMAGE_COLUMNS, SqliteAttachments
 from pocketchat.store.sqlite_schema import migrate
 from pocketchat.store.sqlite_search import SqliteSearch
@@ -313,16 +313,22 @@ class SqliteStore(SqliteShares, SqliteAttachments, SqliteSearch, SqliteTransfer,
         return lambda db: db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (leaf_id, conversation_id))
 
     def _interrupt(self, message: Message) -> Work[Any]:
-        row = (message.content, message.reasoning, message.error, message.id)
-        query = "UPDATE messages SET content = ?, reasoning = ?, status = 'interrupted', error = ?"
-        query += " WHERE id = ? AND status = 'streaming'"
-        return lambda db: db.execute(query, row)
+        query = "UPDATE messages SET content = ?, reasoning = ?, status = 'interrupted', error = ?,"
+        query += " meta = coalesce(?, meta) WHERE id = ? AND status = 'streaming'"
+        read = "SELECT meta FROM messages WHERE id = ? AND status = 'streaming'"
+
+        def work(db: sqlite3.Connection) -> Any:
+            stored = db.execute(read, (message.id,)).fetchone() if message.meta else None
+            meta = merged_meta(stored[0] if stored else None, message)
+            return db.execute(query, (message.content, message.reasoning, message.error, meta, message.id))
+
+        return work
 
     def _interrupt_or_open(
         self, conversation_id: str, message: Message, rows: list[Row], record: ConversationRecord
     ) -> Work[Any]:
-        # The row of a reply whose opening write landed keeps its steps and usage (meta): only its end is
-        # written, as `_interrupt` does. Else the opening write is made now, with the reply as it ended.
+        # The row of a reply whose opening write landed keeps its usage so far (meta): its end is written,
+        # with its steps, as `_interrupt` does. Else the opening write is made now, with the reply as it ended.
         interrupt, open_turn = self._interrupt(message), self._save(conversation_id, rows, record, True)
 
         def work(db: sqlite3.Connection) -> Any:

@@ -1,0 +1,120 @@
+"""Every replica agrees (issue 31, items 2, 4, 5 and 9): a tool call's record outlives the replica that ran
+it; a path written late, or chosen on a copy that had not read the last turn, is refused, and the refused
+replica reloads and tells its pages what is stored; "one import at a time" and an import's status hold
+when Redis restarts empty. Real replicas under uvicorn, real PostgreSQL (through the tests' fault proxy
+where it stalls), a private redis-server, replicas paused with SIGSTOP."""
+
+# The replica fixture comes from tests/test_cluster_faults.py: test arguments name it again.
+# ruff: noqa: F811
+
+import json
+import time
+from typing import Any
+
+from pocketchat.turns import CHECKPOINT_SECONDS
+from tests.cluster import sign_in
+from tests.conftest import AppProcess, ChatClient
+from tests.fake_openai import Call, Reply
+from tests.test_cluster import client
+from tests.test_cluster_faults import on_both, replica  # noqa: F401 (a fixture)
+from tests.test_cluster_storage import open_sockets, query
+from tests.test_protocol import wait_for
+from tests.test_tools import LOOKUP, declaring_client
+
+
+def stored_path(url: str, conversation: str) -> list[str]:
+    """The texts of the path PostgreSQL holds for the conversation: to its `leaf_id`, else to its newest message."""
+    (row,) = query(url, "SELECT leaf_id FROM conversations WHERE id = $1", conversation)
+    sql = "SELECT id, parent_id, content FROM messages WHERE conversation_id = $1 ORDER BY seq"
+    messages = query(url, sql, conversation)
+    by_id = {message["id"]: message for message in messages}
+    path, at = [], row["leaf_id"] or messages[-1]["id"]
+    while at is not None:
+        path.append(by_id[at]["content"])
+        at = by_id[at]["parent_id"]
+    return path[::-1]
+
+
+def shown(app: AppProcess, cookie: str, conversation: str) -> list[str]:
+    """The texts of the path a page that opens the conversation on `app` is shown."""
+    return [message["content"] for message in client(app.ws_url, cookie).hello(conversation)["history"]]
+
+
+def drained(socket: ChatClient, quiet: float = 0.5) -> list[dict[str, Any]]:
+    """The frames the socket gets until none comes for `quiet` seconds."""
+    seen = []
+    while True:
+        try:
+            seen.append(socket.recv(quiet))
+        except TimeoutError:
+            return seen
+
+
+def last_path(frames: list[dict[str, Any]]) -> list[str] | None:
+    """What a page shows after these frames, if they change it: the last `path` frame's texts (None if a
+    turn's end came after it: the page then shows that turn)."""
+    for frame in reversed(frames):
+        if frame["type"] == "turn_end":
+            return None
+        if frame["type"] == "path":
+            return [message["content"] for message in frame["history"]]
+    return None
+
+
+def agreed(url: str, cookie: str, conversation: str, *apps: AppProcess) -> list[str]:
+    """The stored path, once every replica shows it (each replica's pages, as a page that opens it there)."""
+    stored = stored_path(url, conversation)
+    shown_by = [shown(app, cookie, conversation) for app in apps]
+    assert all(path == stored for path in shown_by), f"stored {stored}, shown {shown_by}"
+    return stored
+
+
+# Item 2: a tool call's record outlives the replica (or the process) running it
+
+
+def test_a_tool_call_running_on_a_replica_that_dies_is_stored_with_its_interrupted_reply(
+    replica, fake, fresh_postgres_url
+):
+    a, b = replica(), replica()
+    cookie = sign_in(a.url)
+    on_a = client(a.ws_url, cookie)
+    on_a.send("hello", tools=[LOOKUP])
+    conversation = on_a.until("ready")[-1]["conversation_id"]
+    on_b = client(b.ws_url, cookie)
+    on_b.hello(conversation)
+    fake.queue(Reply(tokens=["Looking it up. "], calls=[Call("client__lookup", {"word": "pocket"})]))
+    on_a.send("message", content="what is a pocket?")
+    on_a.until("tool_call")  # never answered: the call runs until A dies
+    assert on_b.until("step")[-1]["kind"] == "tool_call"
+    a.kill()
+    assert on_b.until("turn_end", timeout=15)[-1]["status"] == "interrupted"
+    reply_id = on_b.frames[-1]["message_id"]
+
+    def stored_steps() -> list[str] | None:
+        rows = query(fresh_postgres_url, "SELECT status, meta FROM messages WHERE id = $1", reply_id)
+        if not rows or rows[0]["status"] != "interrupted":
+            return None
+        return [step["kind"] for step in json.loads(rows[0]["meta"]).get("steps", [])]
+
+    wait_for(lambda: stored_steps() is not None, timeout=10)
+    assert stored_steps() == ["tool_call"]
+    on_b.close()
+    wait_for(lambda: open_sockets(b) == 0)  # B lets the conversation go: a reload reads PostgreSQL
+    reply = client(b.ws_url, cookie).hello(conversation)["history"][-1]
+    assert (reply["status"], reply["content"]) == ("interrupted", "Looking it up. ")
+    assert [step["kind"] for step in reply["meta"]["steps"]] == ["tool_call"]
+
+
+def test_a_tool_call_running_when_the_process_dies_is_kept_by_a_checkpoint(start_app, fake):
+    # One process on SQLite: what a crash leaves is the last checkpoint. A tool call sends no chunk.
+    app = start_app("--tool-timeout", "60")
+    fake.queue(Reply(calls=[Call("client__lookup", {"word": "pocket"})]))
+    socket, conversation = declaring_client(app)
+    socket.send("message", content="what is a pocket?")
+    socket.until("tool_call")
+    time.sleep(CHECKPOINT_SECONDS + 1)  # a checkpoint is due meanwhile
+    app.kill()
+    app.start()
+    reply = app.client().hello(conversation)["history"][-1]
+    assert reply["status"] == "interrupted"
+    assert [step["kind"] for step in reply["meta"].get("steps", [])] == ["tool_call"]
