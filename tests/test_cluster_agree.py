@@ -15,9 +15,10 @@ from pocketchat.turns import CHECKPOINT_SECONDS
 from tests.cluster import sign_in
 from tests.conftest import AppProcess, ChatClient
 from tests.fake_openai import Call, Reply
-from tests.test_cluster import client
+from tests.services import FaultProxy
+from tests.test_cluster import client, health
 from tests.test_cluster_faults import on_both, replica  # noqa: F401 (a fixture)
-from tests.test_cluster_storage import open_sockets, query
+from tests.test_cluster_storage import frozen, open_sockets, query
 from tests.test_protocol import wait_for
 from tests.test_tools import LOOKUP, declaring_client
 
@@ -67,6 +68,93 @@ def agreed(url: str, cookie: str, conversation: str, *apps: AppProcess) -> list[
     shown_by = [shown(app, cookie, conversation) for app in apps]
     assert all(path == stored for path in shown_by), f"stored {stored}, shown {shown_by}"
     return stored
+
+
+# Item 4: a switch on a replica whose copy has not read the turn that just ended elsewhere
+
+
+def test_a_switch_on_a_replica_that_has_not_read_the_last_turn_yet_ends_where_postgres_and_every_page_agree(
+    replica, fake, fresh_postgres_url
+):
+    a, b = replica(), replica()
+    cookie, on_a, conversation, on_b = on_both(a, b)
+    fake.queue(Reply(tokens=["first"]), Reply(tokens=["second"]))
+    first = on_a.turn("question")[-1]["message_id"]
+    on_a.send("regenerate")
+    on_a.until("turn_end")
+    on_b.until("turn_end")
+    on_b.until("turn_end")
+    for round in range(3):  # B reads its socket before Redis after a pause most of the time, not always
+        fake.queue(Reply(tokens=[f"again {round}"]))
+        with frozen(b):
+            # A's regenerate ends and lets the lease go while B, paused, has read none of it; B's page,
+            # which still shows the versions it had, switches to the first one.
+            on_a.send("regenerate")
+            on_a.until("turn_end")
+            on_b.send("switch", message_id=first)
+            time.sleep(0.3)
+        told = drained(on_b)
+        time.sleep(0.5)
+        stored = agreed(fresh_postgres_url, cookie, conversation, a, b)
+        assert last_path(told + drained(on_b)) in (None, stored), f"B's page was last told {last_path(told)}"
+        assert stored == ["question", "first"], "the switch, chosen after the regenerate, was lost"
+
+
+# Item 5: path writes that land late, out of order, under a PostgreSQL stall
+
+
+def test_a_switch_whose_write_lands_after_a_later_regenerate_on_another_replica_is_refused(
+    replica, fake, fault_proxy, fresh_postgres_url
+):
+    database: FaultProxy = fault_proxy(fresh_postgres_url)
+    a, b = replica(), replica(POCKETCHAT_DATABASE_URL=database.url(fresh_postgres_url))
+    cookie, on_a, conversation, on_b = on_both(a, b)
+    fake.queue(Reply(tokens=["first"]), Reply(tokens=["second"]), Reply(tokens=["third"]))
+    first = on_a.turn("question")[-1]["message_id"]
+    on_a.send("regenerate")
+    on_a.until("turn_end")
+    on_b.until("turn_end")
+    on_b.until("turn_end")
+    database.stall()  # B's writes wait from here
+    try:
+        on_b.send("switch", message_id=first)
+        assert on_b.until("path")[-1]["history"][-1]["content"] == "first"
+        time.sleep(2.5)  # B lets the conversation go after 2 s, its write still waiting
+        on_a.send("regenerate")
+        assert on_a.until("turn_end", timeout=20)[-1]["status"] == "complete"
+        on_b.until("turn_end")
+    finally:
+        database.heal()
+    wait_for(lambda: health(b)[0] == 200, timeout=30)
+    time.sleep(1)  # B's switch lands, or is refused
+    assert agreed(fresh_postgres_url, cookie, conversation, a, b) == ["question", "third"]
+
+
+def test_a_turns_opening_write_that_lands_after_a_switch_on_another_replica_is_refused(
+    replica, fake, fault_proxy, fresh_postgres_url
+):
+    database: FaultProxy = fault_proxy(fresh_postgres_url)
+    a, b = replica(POCKETCHAT_DATABASE_URL=database.url(fresh_postgres_url)), replica()
+    cookie, on_a, conversation, on_b = on_both(a, b)
+    fake.queue(Reply(tokens=["first"]), Reply(tokens=["second"]), Reply(tokens=["third"]))
+    first = on_a.turn("question")[-1]["message_id"]
+    on_a.send("regenerate")
+    on_a.until("turn_end")
+    on_b.until("turn_end")
+    on_b.until("turn_end")
+    database.stall()  # A's writes wait from here: its next turn's opening write (the path: the latest) too
+    try:
+        on_a.send("message", content="and then?")
+        assert on_a.until("turn_end", timeout=20)[-1]["status"] == "complete"
+        on_b.until("turn_end")
+        on_b.send("switch", message_id=first)
+        assert on_b.until("path")[-1]["history"][-1]["content"] == "first"
+        assert on_a.until("path")[-1]["history"][-1]["content"] == "first"
+    finally:
+        database.heal()
+    wait_for(lambda: health(a)[0] == 200, timeout=30)
+    time.sleep(1)  # A's opening write lands, or is refused
+    assert agreed(fresh_postgres_url, cookie, conversation, a, b) == ["question", "first"]
 
 
 # Item 2: a tool call's record outlives the replica (or the process) running it

@@ -91,10 +91,12 @@ class Coordinator(Protocol):
         runs). What to give `let_go`."""
 
     async def let_go(self, conversation_id: str, held: str | None) -> None:
-        """The switch's write landed (or was given up waiting for): turns may start again."""
+        """The switch's write landed, or was given up waiting for (then, should it be refused when it
+        lands, it is not written again: pocketchat/paths.py): turns may start again."""
 
-    def switched(self, conversation: Conversation) -> None:
-        """Its path shown (`record.leaf_id`) changed here: the other replicas show it, and tell their sockets."""
+    def switched(self, conversation_id: str, leaf_id: str | None, version: int) -> None:
+        """A path (`leaf_id`, at path `version`) was stored from here: the other replicas show it, unless
+        they know a later version, and tell their sockets."""
 
     async def deleting(self, conversation_id: str) -> None:
         """About to delete it: no turn may start on it anywhere meanwhile."""

@@ -53,9 +53,6 @@ class LocalCoordinator(NoOtherReplicas):
     async def let_go(self, conversation_id: str, held: str | None) -> None:
         return None
 
-    def switched(self, conversation: Conversation) -> None:
-        return None
-
     async def deleting(self, conversation_id: str) -> None:
         return None
 

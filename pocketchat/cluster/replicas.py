@@ -293,8 +293,8 @@ class Replicas:
         if held is not None:
             await self._release(conversation_id, held)
 
-    def switched(self, conversation: Conversation) -> None:
-        event = {"kind": "switched", "conversation": conversation.id, "leaf": conversation.record.leaf_id}
+    def switched(self, conversation_id: str, leaf_id: str | None, version: int) -> None:
+        event = {"kind": "switched", "conversation": conversation_id, "leaf": leaf_id, "version": version}
         self._errands.run(self._publish(event))
 
     def documents_changed(self, conversation_id: str, frame: dict[str, Any]) -> None:
@@ -345,10 +345,8 @@ class Replicas:
         elif kind == "document" and live is not None:
             live.documents_changed()
             live.broadcast(event["frame"])
-        elif kind == "switched" and live is not None and live.turn is None:
-            # (A turn that started meanwhile shows its own path: the switch came too late for it.)
-            live.show(event["leaf"])
-            live.broadcast_text(live.path_frame())
+        elif kind == "switched" and live is not None:
+            self.hub.paths.told(live, event["leaf"], event.get("version"))
         elif kind == "deleted":
             # One id under "conversation" from a replica of the version before (a rolling upgrade).
             for deleted_id in event.get("conversations") or [conversation_id]:
@@ -427,9 +425,10 @@ class Replicas:
             return
         with contextlib.suppress(*REDIS_FAILURES):
             key = self.link.new_conversation_key(record.id)
-            # Without `importing` (a new conversation's is False): a replica of the version before, which
-            # reads this as ConversationRecord(**...), knows no such field.
-            kept = {name: value for name, value in asdict(record).items() if name != "importing"}
+            # Without `importing` nor `path_version` (a new conversation's are False and 0): a replica of a
+            # version before, which reads this as ConversationRecord(**...), knows no such field.
+            left_out = ("importing", "path_version")
+            kept = {name: value for name, value in asdict(record).items() if name not in left_out}
             await self.link.client.set(key, json.dumps(kept), ex=UNSTORED_KEEP)
 
     def refresh_new(self, record: ConversationRecord) -> None:

@@ -64,22 +64,38 @@ class Store(Protocol):
     async def load(self, conversation_id: str) -> tuple[ConversationRecord, list[Message]] | None: ...
 
     def open_turn(
-        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message]
+        self,
+        conversation_id: str,
+        new: ConversationRecord | None,
+        messages: list[Message],
+        expected: int | None = None,
+        landed: Callable[[bool], None] | None = None,
     ) -> asyncio.Future[None]:
-        """Store `new`, if given, and the turn's `messages`; the path shown becomes the latest (`leaf_id` NULL)."""
+        """Store `new`, if given, and the turn's `messages`; the path shown becomes the latest (`leaf_id`
+        NULL) if the stored path version is `expected` (None: whatever it is), and the version the next.
+        `landed` is told whether the path was written, once the write lands (pocketchat/paths.py)."""
 
-    def choose_path(self, record: ConversationRecord) -> asyncio.Future[Any]:
-        """Write the record's `leaf_id` (which versions the conversation shows), and nothing else of it."""
+    def choose_path(
+        self, record: ConversationRecord, expected: int | None = None, landed: Callable[[bool], None] | None = None
+    ) -> asyncio.Future[Any]:
+        """Write the record's `leaf_id` (which versions the conversation shows), and nothing else of it, as
+        `open_turn` writes its path: over path version `expected` only."""
 
     async def save_messages(self, conversation_id: str, messages: list[Message]) -> None: ...
 
     def checkpoint(self, conversation_id: str, message: Message) -> None: ...
 
     async def save_interrupted(
-        self, conversation_id: str, message: Message, opening: tuple[ConversationRecord, Message] | None = None
+        self,
+        conversation_id: str,
+        message: Message,
+        opening: tuple[ConversationRecord, Message] | None = None,
+        landed: Callable[[bool | None], None] | None = None,
     ) -> None:
-        """Store a reply whose replica died (its text, status interrupted), unless it was stored since;
-        with `opening`, its conversation and user message too, where they are not stored."""
+        """Store a reply whose replica died (its text and steps, status interrupted), unless it was stored
+        since; with `opening`, its conversation and user message too, where they are not stored, and the
+        path the latest over the record's path version (`landed` told whether it was written; None: the
+        opening was stored already, nothing was)."""
 
     async def secret(self, name: str, make: Any) -> str:
         """The secret `name`, made by `make()` and kept the first time it is asked for."""

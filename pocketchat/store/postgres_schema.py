@@ -249,6 +249,13 @@ END
 $$;
 UPDATE messages SET status = status WHERE status != 'streaming' AND octet_length(content) > 65536;
 """,
+    # The path a conversation shows has a version (SQLite's step 16): each write of `leaf_id` (a switch, a
+    # turn's opening write) says which version it replaces, `WHERE path_version = $expected`, and writes
+    # the next. Replicas write it, and a write can land late (a stalled database, a replica that had not
+    # read another's turn yet): then it is refused, not applied over what came after it.
+    """
+ALTER TABLE conversations ADD COLUMN path_version BIGINT NOT NULL DEFAULT 0;
+""",
 ]
 
 

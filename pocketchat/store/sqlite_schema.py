@@ -357,6 +357,11 @@ CREATE TRIGGER messages_text_update AFTER UPDATE OF content, status ON messages
     INSERT INTO messages_unindexed(seq) SELECT new.seq WHERE new.status != 'streaming';
 END;
 """,
+    # The path a conversation shows has a version (PostgreSQL's step 14): each write of `leaf_id` names
+    # the version it replaces and writes the next, so that a write that lands out of order is refused.
+    """
+ALTER TABLE conversations ADD COLUMN path_version INTEGER NOT NULL DEFAULT 0;
+""",
 ]
 
 
