@@ -15,10 +15,12 @@ from pocketchat.turns import CHECKPOINT_SECONDS
 from tests.cluster import sign_in
 from tests.conftest import AppProcess, ChatClient
 from tests.fake_openai import Call, Reply
-from tests.services import FaultProxy
+from tests.services import FaultProxy, PrivateRedis
 from tests.test_cluster import client, health
 from tests.test_cluster_faults import on_both, replica  # noqa: F401 (a fixture)
 from tests.test_cluster_storage import frozen, open_sockets, query
+from tests.test_documents import call
+from tests.test_import import post_import, trips
 from tests.test_protocol import wait_for
 from tests.test_tools import LOOKUP, declaring_client
 
@@ -206,3 +208,29 @@ def test_a_tool_call_running_when_the_process_dies_is_kept_by_a_checkpoint(start
     reply = app.client().hello(conversation)["history"][-1]
     assert reply["status"] == "interrupted"
     assert [step["kind"] for step in reply["meta"].get("steps", [])] == ["tool_call"]
+
+
+# Item 9: imports, when Redis restarts empty
+
+
+def test_one_import_at_a_time_and_its_status_hold_on_every_replica_when_redis_restarts_empty(
+    replica, private_redis: PrivateRedis
+):
+    a, b = replica(POCKETCHAT_REDIS_URL=private_redis.url), replica(POCKETCHAT_REDIS_URL=private_redis.url)
+    cookie = sign_in(a.url)
+    status, job = post_import(a, trips(3000), Cookie=cookie)
+    assert status == 202, job
+    private_redis.stop()
+    private_redis.start()  # empty
+    status, answer = post_import(b, trips(1), Cookie=cookie)
+    assert status == 409 and "under way already" in answer["detail"], answer
+    path = f"/api/imports/{job['id']}"
+    deadline = time.monotonic() + 120
+    while (done := call(a, "GET", path, Cookie=cookie))[1]["status"] == "importing":
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    assert done[0] == 200 and done[1]["status"] == "done" and done[1]["imported"] == 3000
+    private_redis.stop()
+    private_redis.start()  # empty again: what A told the other replicas is gone
+    assert call(b, "GET", path, Cookie=cookie) == done
+    assert post_import(b, trips(1), Cookie=cookie)[0] == 202  # it ended: the next may start

@@ -107,20 +107,6 @@ class Coordinator(Protocol):
 
     # ---- an import -------------------------------------------------------------------------------
 
-    async def import_progressed(self, import_id: str, owner: str, wire: dict[str, Any]) -> None:
-        """An import running here got further (`wire`: what `GET /api/imports/{id}` says): kept where
-        the other replicas find it, as long as its status can be asked for."""
-
-    async def find_import(self, import_id: str) -> tuple[str, dict[str, Any]] | None:
-        """An import that runs (or ran) on another replica: its owner and its state."""
-
-    async def claim_import(self, owner: str) -> bool:
-        """Whether the owner may start an import here: none of theirs runs on another replica (then
-        theirs until `release_import`)."""
-
-    async def release_import(self, owner: str) -> None:
-        """The owner's import here ended (or never began)."""
-
     async def replica_gone(self, replica: str, quiet_for: float) -> bool:
         """Whether the process of that name has stopped (this one's before a restart, or a dead replica),
         its import having written nothing for `quiet_for` seconds: what it left unfinished is deleted."""

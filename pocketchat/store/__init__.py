@@ -23,7 +23,7 @@ from pocketchat.records import (
 )
 from pocketchat.search import SearchHit, SearchQuery
 from pocketchat.settings import Settings
-from pocketchat.store.transfer import ImportState
+from pocketchat.store.transfer import ImportState, StoredImport
 from pocketchat.transfer.tree import ConversationTree, TreeMessage
 
 if TYPE_CHECKING:
@@ -114,8 +114,16 @@ class Store(Protocol):
 
     # Import and JSON export (`transfer/`): conversations whole, every branch of their messages.
 
-    def begin_import(self, import_id: str, replica: str) -> asyncio.Future[None]:
-        """List an import as running on that replica (`running_imports`), until it is finished or undone."""
+    def claim_import(self, import_id: str, owner: str, replica: str) -> asyncio.Future[bool]:
+        """List an import of the owner's as running on that replica (`running_imports`), until it is
+        finished or undone, unless one of theirs is listed (then False: one import at a time, whichever
+        replica each reaches)."""
+
+    def import_read(self, import_id: str, total: int, dropped: dict[str, int]) -> asyncio.Future[None]:
+        """The claimed import's file was read: how many conversations it holds, what was left out."""
+
+    def release_import(self, import_id: str) -> asyncio.Future[None]:
+        """The claimed import never began: no longer listed (written again until it lands)."""
 
     def import_conversations(
         self, owner: str, trees: list[ConversationTree], import_id: str, partial: bool = False
@@ -130,10 +138,15 @@ class Store(Protocol):
         """More messages of a partial conversation, in a transaction of their own; with the `last`, the
         path it shows (`leaf_id`), and it is shown."""
 
-    def finish_import(self, import_id: str) -> asyncio.Future[None]: ...
+    def finish_import(self, import_id: str) -> asyncio.Future[None]:
+        """The import ended whole: no longer listed, kept as done (`ended_imports`, for KEEP_SECONDS)."""
 
-    def undo_import(self, import_id: str) -> asyncio.Future[list[str]]:
-        """Delete the conversations the unfinished import wrote, and stop it writing more; their ids."""
+    def undo_import(self, import_id: str, error: str) -> asyncio.Future[list[str]]:
+        """Delete the conversations the unfinished import wrote, and stop it writing more (kept as failed,
+        with `error`); their ids."""
+
+    async def find_import(self, import_id: str) -> StoredImport | None:
+        """The import by that id, running or ended (for KEEP_SECONDS): what any replica answers for it."""
 
     async def import_state(self, conversation_id: str) -> ImportState:
         """What became of a conversation an import wrote: still being written (it goes whole if the import
