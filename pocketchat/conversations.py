@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from pocketchat import errors, protocol
 from pocketchat.errors import ImportUnderWay, NothingToRegenerate, TurnInProgress, UnknownConversation
+from pocketchat.paths import Again, Paths
 from pocketchat.records import ConversationRecord, ImageRecord, Message, new_id, possible_id
 from pocketchat.store import Store
 from pocketchat.turn_log import InProcessTurnLog, TurnLog
@@ -115,6 +116,7 @@ class Conversation:
         self.turn: Turn | None = None
         self.borrowers = 0  # HTTP requests using it now
         self.deleting = False  # a DELETE is under way: no new turn, no new socket
+        self.writing_paths: set[int] = set()  # the path versions this copy's queued writes would store
         self._encoded_history: tuple[list[tuple[Any, ...]], int, str] | None = None  # see `history_json`
         # When this process last knew the conversation to have no document ready, so that a turn
         # need not read its documents (README, Benchmarks): one not stored yet has none (an upload
@@ -239,7 +241,7 @@ class Conversation:
         turn = Turn(user_message=user_message, reply=reply, log=log, kind=kind, id=turn_id)
         self.tree.add(user_message)
         self.tree.add(reply)  # stored as the turn opens; shown in the history once it ends
-        self.record.leaf_id = None  # the latest: this turn's reply (`open_turn` stores it so)
+        self.record.leaf_id = None  # the latest: this turn's reply (`Hub.open_turn` stores it so)
         self.history = self.tree.path(user_message.id)
         self.turn = turn
         reply_wire = {"id": reply.id, **self._versions(reply)}
@@ -372,6 +374,9 @@ class HubCoordinator(Protocol):
 
     async def find_new(self, conversation_id: str) -> ConversationRecord | None: ...
 
+    def switched(self, conversation_id: str, leaf_id: str | None, version: int) -> None:
+        """This path (`leaf_id`, at `version`) was stored from here: the other replicas show it."""
+
 
 class NoOtherReplicas:
     """The hub's coordinator in one process (`pocketchat/cluster/local.py` is this and the rest of the
@@ -392,6 +397,9 @@ class NoOtherReplicas:
     async def find_new(self, conversation_id: str) -> ConversationRecord | None:
         return None
 
+    def switched(self, conversation_id: str, leaf_id: str | None, version: int) -> None:
+        return None
+
 
 class Hub:
     """Finds a conversation in memory or loads it from the store, so that every socket shares one copy."""
@@ -403,6 +411,7 @@ class Hub:
         # Until the app gives it the app's coordinator (`AppState`), made after the hub: the replicas'
         # one needs the hub.
         self.coordinator: HubCoordinator = NoOtherReplicas()
+        self.paths = Paths(self)  # the writes of the paths shown, refused when they land out of order
         self._live: dict[str, Conversation] = {}
         self._loading: dict[str, asyncio.Future[Conversation | None]] = {}
         # New conversations that no socket holds, with when they are let go, the soonest first.
@@ -447,10 +456,12 @@ class Hub:
         new = None if conversation.stored else conversation.record
         conversation.stored = True
         user = turn.user_message
+        # The path becomes the turn's over the version this copy knows; while the turn runs (it holds the
+        # conversation's lease), a refused write is written again over the stored one (pocketchat/paths.py).
+        path = self.paths.begin(conversation, Again(lambda: conversation.turn is turn and not turn.fenced), tell=False)
         # A regenerate's user message is stored already: its reply is a new version.
-        opened = self.store.open_turn(
-            conversation.id, new, [turn.reply] if turn.kind == "regenerate" else [user, turn.reply]
-        )
+        messages = [turn.reply] if turn.kind == "regenerate" else [user, turn.reply]
+        opened = self.store.open_turn(conversation.id, new, messages, path.expected, path.landed)
         # Queued right behind it (the queue keeps a conversation's writes in order).
         if turn.image_copies:
             return self.store.copy_images(conversation.id, user.id, turn.image_copies)

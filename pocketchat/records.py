@@ -176,6 +176,9 @@ class ConversationRecord:
     # The last message of the path shown (of the versions, those chosen); None: the latest message. Not
     # one of CONVERSATION_COLUMNS: a new conversation has none, and a switch writes it alone.
     leaf_id: str | None = None
+    # Which write of the path (`leaf_id`) this copy shows, or is writing: a path write replaces the version
+    # it names, and only that one (pocketchat/paths.py). Written with `leaf_id`, never on its own.
+    path_version: int = 0
     # The conversation's own `temperature`, `top_p` and `max_tokens`: only those set (the provider's
     # default for the others, which are not sent).
     sampling: dict[str, float] = field(default_factory=dict)
@@ -186,7 +189,7 @@ class ConversationRecord:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> "ConversationRecord":
         values = {name: row[name] for name in CONVERSATION_COLUMNS}
-        return cls(**values | read_json_columns(values), leaf_id=row["leaf_id"])
+        return cls(**values | read_json_columns(values), leaf_id=row["leaf_id"], path_version=row["path_version"])
 
     def to_row(self) -> tuple[Any, ...]:
         """The record as both stores write it, in the order of CONVERSATION_COLUMNS."""

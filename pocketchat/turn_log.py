@@ -31,6 +31,10 @@ class TurnLog(Protocol):
     def seq(self) -> int:
         """The number of chunks so far."""
 
+    @property
+    def size(self) -> int:
+        """The number of entries so far: chunks, steps and the other frames."""
+
     def append(self, frame: dict[str, Any]) -> None:
         """Add a frame that is not a chunk (turn_start, queued, conversation, error, turn_end)."""
 
@@ -89,6 +93,10 @@ class InProcessTurnLog:
     @property
     def seq(self) -> int:
         return self._seq
+
+    @property
+    def size(self) -> int:
+        return len(self._entries)
 
     def _push(self, key: tuple[int, int], text: str) -> None:
         self._keys.append(key)

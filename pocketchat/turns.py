@@ -166,13 +166,15 @@ class Checkpoints:
 
     def __init__(self, store: Store, conversation_id: str, turn: Turn) -> None:
         self.store, self.conversation_id, self.turn = store, conversation_id, turn
-        self._saved_seq = 0
+        self._saved_size = 0
         self._timer = asyncio.get_running_loop().call_later(CHECKPOINT_SECONDS, self._save)
 
     def _save(self) -> None:
         turn = self.turn
-        if turn.log.seq != self._saved_seq and turn.reply.status == "streaming" and not turn.fenced:
-            self._saved_seq = turn.log.seq
+        # Whenever the log grew, not only by chunks: a tool call sends no chunk while it runs, and its
+        # steps are the reply's too.
+        if turn.log.size != self._saved_size and turn.reply.status == "streaming" and not turn.fenced:
+            self._saved_size = turn.log.size
             self.store.checkpoint(self.conversation_id, turn.reply_so_far())
         self._timer = asyncio.get_running_loop().call_later(CHECKPOINT_SECONDS, self._save)
 

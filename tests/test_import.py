@@ -264,7 +264,7 @@ def test_an_import_cut_short_by_a_crash_keeps_nothing_of_it(mode, start_app):
         assert time.monotonic() < deadline, "a dead replica's import still says it is importing"
         time.sleep(0.2)
     assert seen["status"] == "failed" and "stopped before it finished" in seen["error"]
-    assert "nothing of it was kept" in seen["error"] and 0 < seen["imported"] < 3000
+    assert "nothing of it was kept" in seen["error"] and seen["imported"] == 0
     assert listed(b, **ALICE) == before
 
 

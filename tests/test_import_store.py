@@ -66,7 +66,7 @@ def test_trees_are_written_whole_under_their_owner_and_read_back(store):
 
     async def scenario() -> Any:
         async with opened(store) as db:
-            await db.begin_import("import-1", "replica-1")
+            await db.claim_import("import-1", "alice", "replica-1")
             await db.import_conversations("alice", trees, "import-1")
             back = [await db.conversation_tree(tree.id, "alice") for tree in trees]
             return back, await db.conversation_tree(trees[0].id, "bob"), await db.list_conversations("bob")
@@ -132,10 +132,10 @@ def test_what_a_dead_process_left_of_its_import_is_deleted_and_nothing_else(stor
             here = LocalCoordinator(SETTINGS)
             imports = Imports(SETTINGS, db, lambda: "m", here, Jobs.from_settings(SETTINGS))
             for import_id, replica in (("killed", "a-dead-process"), ("finished", "a-dead-process")):
-                await db.begin_import(import_id, replica)
+                await db.claim_import(import_id, import_id, replica)
                 await db.import_conversations("alice", titled(import_id), import_id)
             await db.finish_import("finished")
-            await db.begin_import("under way here", here.replica)
+            await db.claim_import("under way here", "under way here", here.replica)
             await db.import_conversations("alice", titled("under way here"), "under way here")
             left = await imports.clear_stopped()
             return left, sorted(record.title or "" for record in await db.list_conversations("alice"))
@@ -174,14 +174,14 @@ def test_a_conversation_reads_as_importing_until_its_import_ends_and_an_undo_nam
         async with opened(store) as db:
             done, failed = titled("done"), titled("failed")
             for import_id, trees in (("import-done", done), ("import-failed", failed)):
-                await db.begin_import(import_id, "replica-1")
+                await db.claim_import(import_id, import_id, "replica-1")
                 await db.import_conversations("alice", trees, import_id)
             loaded = await db.load(done[0].id)
             under_way = (loaded[0].importing, await db.import_state(done[0].id))
             await db.finish_import("import-done")
             loaded = await db.load(done[0].id)
             ended = (loaded[0].importing, await db.import_state(done[0].id))
-            undone = await db.undo_import("import-failed")
+            undone = await db.undo_import("import-failed", "failed")
             left = [await db.load(tree.id) for tree in failed]
             return under_way, ended, undone, left, await db.import_state(failed[0].id), {tree.id for tree in failed}
 
@@ -206,11 +206,11 @@ def test_a_copy_that_outlived_its_failed_import_finds_it_gone_at_the_next_change
         async with opened(store) as db:
             hub = Hub(db)
             trees = titled("failed")
-            await db.begin_import("import-1", "replica-1")
+            await db.claim_import("import-1", "alice", "replica-1")
             await db.import_conversations("alice", trees, "import-1")
             conversation = await hub.open(trees[0].id, "alice")
             refused = await failure(hub.check_changeable(conversation))
-            await db.undo_import("import-1")
+            await db.undo_import("import-1", "failed")
             gone = await failure(hub.check_changeable(conversation))
             return refused, gone, hub.live(trees[0].id), conversation.deleting
 
@@ -318,7 +318,7 @@ def test_a_conversation_written_in_parts_is_hidden_until_its_last_part_is_in(sto
 
     async def scenario() -> tuple[Any, ...]:
         async with opened(store) as db:
-            await db.begin_import("import-1", "replica-1")
+            await db.claim_import("import-1", "alice", "replica-1")
             tree.messages = first
             await db.import_conversations("alice", [tree], "import-1", partial=True)
             meanwhile = await seen(db)
@@ -328,3 +328,30 @@ def test_a_conversation_written_in_parts_is_hidden_until_its_last_part_is_in(sto
     meanwhile, after = asyncio.run(scenario())
     assert meanwhile == ([], False, [])
     assert after == ([tree.id], True, [tree.id, tree.id])
+
+
+def test_a_users_import_is_claimed_once_and_how_it_went_is_kept_once_it_ended(store):
+    """The database is what every replica asks (Redis may forget): a second claim by the same user is
+    refused while the first runs, and an import's state is read back running, done or failed."""
+
+    async def scenario() -> Any:
+        async with opened(store) as db:
+            claims = [await db.claim_import(name, "alice", "replica-1") for name in ("first", "second")]
+            claims.append(await db.claim_import("bobs", "bob", "replica-2"))
+            await db.import_read("first", 2, {"files": 1})
+            await db.import_conversations("alice", titled("first"), "first")
+            running = await db.find_import("first")
+            await db.finish_import("first")
+            done = await db.find_import("first")
+            claims.append(await db.claim_import("third", "alice", "replica-1"))
+            await db.import_conversations("alice", titled("third"), "third")
+            await db.undo_import("third", "it failed")
+            return claims, running, done, await db.find_import("third"), await db.find_import("nothing")
+
+    claims, running, done, failed, unknown = asyncio.run(scenario())
+    assert claims == [True, False, True, True]
+    assert (running.owner, running.replica) == ("alice", "replica-1")
+    wire = {"id": "first", "total": 2, "imported": 2, "dropped": {"files": 1}}
+    assert running.wire == wire | {"status": "importing"} and done.wire == wire | {"status": "done"}
+    assert done.replica is None and unknown is None
+    assert (failed.wire["status"], failed.wire["imported"], failed.wire["error"]) == ("failed", 0, "it failed")

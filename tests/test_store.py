@@ -3,6 +3,7 @@ same behaviour by the same tests; then what only one of them can be made to do (
 replicas migrating together, a lost connection, a database refusing writes for PostgreSQL)."""
 
 import asyncio
+import dataclasses
 import logging
 import sqlite3
 import subprocess
@@ -155,7 +156,8 @@ def test_a_turn_round_trips_every_field_and_keeps_the_versions_before_it(store):
             return after_first, chosen, await db.load(record.id)
 
     (stored, messages), chosen, (later, versions) = asyncio.run(scenario())
-    assert stored == record  # every field, updated_at included (update_conversation set it)
+    # Every field, updated_at included (update_conversation set it); the opening wrote the path's first version.
+    assert stored == dataclasses.replace(record, path_version=1)
     assert messages == [question, reply]  # every field: reasoning, error, meta, exact float timestamps
     assert (chosen.leaf_id, chosen.title) == (reply.id, "Renamed")
     assert later.leaf_id is None and versions == [question, reply, retry]
@@ -407,14 +409,20 @@ def test_a_reply_taken_over_is_stored_whole_where_its_opening_was_lost_and_keeps
             taken = Message(**{**cut.__dict__, "content": "so far", "status": "interrupted", "meta": {"model": "m"}})
             await db.save_interrupted(record.id, taken, (record, asked))
             kept = await db.load(record.id)
-            # A turn whose opening never landed: written whole, and the path shows it.
+            # A turn whose opening never landed: written whole, and the path shows it (the copy that
+            # followed it knows the stored path version; a copy that does not, moves no path).
             lost_q = Message(role="user", content="q3", parent_id=answer.id)
             lost = Message(role="assistant", content="half", status="interrupted", parent_id=lost_q.id)
-            await db.save_interrupted(record.id, lost, (record, lost_q))
+            told: list[bool | None] = []
+            await db.save_interrupted(record.id, lost, (kept[0], lost_q), told.append)
+            stale_q = Message(role="user", content="q4", parent_id=answer.id)
+            stale = Message(role="assistant", content="cut", status="interrupted", parent_id=stale_q.id)
+            await db.save_interrupted(record.id, stale, (kept[0], stale_q), told.append)
             whole = await db.load(record.id)
-        return kept, whole
+            await asyncio.sleep(0)  # what the writes gave is told once they landed
+        return kept, whole, told
 
-    (chosen, kept), (after, whole) = asyncio.run(scenario())
+    (chosen, kept), (after, whole), told = asyncio.run(scenario())
     reply = next(m for m in kept if m.content == "so far")
     assert reply.status == "interrupted" and reply.meta["steps"][0]["node"] == "RunTools"  # its steps kept
     assert chosen.leaf_id == kept[1].id  # the version chosen since stays chosen
@@ -422,7 +430,36 @@ def test_a_reply_taken_over_is_stored_whole_where_its_opening_was_lost_and_keeps
         ("q3", "complete"),
         ("half", "interrupted"),
     ]
-    assert after.leaf_id is None  # the latest: the turn that was lost with its replica
+    assert after.leaf_id is None and told == [True, False]  # the latest: the turn lost with its replica
+    assert [m.content for m in whole if m.content in ("q4", "cut")] == ["q4", "cut"]  # stored all the same
+
+
+def test_a_path_is_written_only_over_the_version_it_replaces(store):
+    # What replicas write (pocketchat/paths.py): a switch, a turn's opening, each over the version its
+    # copy knows; one that lands over another (late, or chosen on a stale copy) is refused.
+    async def scenario():
+        async with opened(store) as db:
+            record = ConversationRecord(model="m", system_prompt="")
+            question = Message(role="user", content="q")
+            first = Message(role="assistant", content="first", parent_id=question.id)
+            told: list[bool] = []
+            await db.open_turn(record.id, record, [question, first], 0, told.append)
+            second = Message(role="assistant", content="second", parent_id=question.id)
+            await db.open_turn(record.id, None, [second], 1, told.append)  # a regenerate
+            switched = ConversationRecord(**{**record.__dict__, "leaf_id": first.id})
+            await db.choose_path(switched, 1, told.append)  # chosen before the regenerate was read: refused
+            refused = await db.load(record.id)
+            await db.choose_path(switched, 2, told.append)
+            third = Message(role="assistant", content="third", parent_id=question.id)
+            await db.open_turn(record.id, None, [third], 2, told.append)  # written late: refused
+            stored = await db.load(record.id)
+            await asyncio.sleep(0)
+        return told, refused, stored
+
+    told, (refused, _), (stored, messages) = asyncio.run(scenario())
+    assert told == [True, True, False, True, False]
+    assert (refused.leaf_id, refused.path_version) == (None, 2)
+    assert (stored.leaf_id, stored.path_version) == (messages[1].id, 3) and messages[-1].content == "third"
 
 
 def test_conversations_are_listed_by_owner_newest_first(store):

@@ -94,10 +94,12 @@ class Coordinator(Protocol):
         runs). What to give `let_go`."""
 
     async def let_go(self, conversation_id: str, held: str | None) -> None:
-        """The switch's write landed (or was given up waiting for): turns may start again."""
+        """The switch's write landed, or was given up waiting for (then, should it be refused when it
+        lands, it is not written again: pocketchat/paths.py): turns may start again."""
 
-    def switched(self, conversation: Conversation) -> None:
-        """Its path shown (`record.leaf_id`) changed here: the other replicas show it, and tell their sockets."""
+    def switched(self, conversation_id: str, leaf_id: str | None, version: int) -> None:
+        """A path (`leaf_id`, at path `version`) was stored from here: the other replicas show it, unless
+        they know a later version, and tell their sockets."""
 
     async def deleting(self, conversation_id: str) -> None:
         """About to delete it: no turn may start on it anywhere meanwhile."""
@@ -107,20 +109,6 @@ class Coordinator(Protocol):
         told, and let go."""
 
     # ---- an import -------------------------------------------------------------------------------
-
-    async def import_progressed(self, import_id: str, owner: str, wire: dict[str, Any]) -> None:
-        """An import running here got further (`wire`: what `GET /api/imports/{id}` says): kept where
-        the other replicas find it, as long as its status can be asked for."""
-
-    async def find_import(self, import_id: str) -> tuple[str, dict[str, Any]] | None:
-        """An import that runs (or ran) on another replica: its owner and its state."""
-
-    async def claim_import(self, owner: str) -> bool:
-        """Whether the owner may start an import here: none of theirs runs on another replica (then
-        theirs until `release_import`)."""
-
-    async def release_import(self, owner: str) -> None:
-        """The owner's import here ended (or never began)."""
 
     async def replica_gone(self, replica: str, quiet_for: float) -> bool:
         """Whether the process of that name has stopped (this one's before a restart, or a dead replica),

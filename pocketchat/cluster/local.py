@@ -54,22 +54,7 @@ class LocalCoordinator(NoOtherReplicas):
     async def let_go(self, conversation_id: str, held: str | None) -> None:
         return None
 
-    def switched(self, conversation: Conversation) -> None:
-        return None
-
     async def deleting(self, conversation_id: str) -> None:
-        return None
-
-    async def import_progressed(self, import_id: str, owner: str, wire: dict[str, Any]) -> None:
-        return None
-
-    async def find_import(self, import_id: str) -> tuple[str, dict[str, Any]] | None:
-        return None
-
-    async def claim_import(self, owner: str) -> bool:
-        return True  # one process: `Imports` knows its own
-
-    async def release_import(self, owner: str) -> None:
         return None
 
     async def replica_gone(self, replica: str, quiet_for: float) -> bool:

@@ -18,6 +18,9 @@ logger = logging.getLogger("pocketchat")
 
 # A turn running on another replica: (conversation id, reply id, replica).
 Elsewhere = tuple[str, str, str]
+# How a reply stored by the replica that ran it ends (one marked interrupted may be a running turn's, read
+# from the database while it streamed: it is followed).
+ENDED = ("complete", "stopped", "error")
 
 
 class Mirror:
@@ -107,6 +110,8 @@ class Mirrors:
         followed once the previous one has ended here (`_end`), so that the two never overlap."""
         if turn_id in self._mirrors or any(turn_id == waiting for waiting, _ in self._next.get(conversation.id, ())):
             return
+        if (known := conversation.tree.get(reply_id)) is not None and known.status in ENDED:
+            return  # read from the database as it ended (a copy reloaded for a refused path write): not played again
         if conversation.id in self._following:
             self._next.setdefault(conversation.id, []).append((turn_id, reply_id))
             return

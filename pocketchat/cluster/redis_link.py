@@ -17,8 +17,6 @@ Keys, under the prefix of one deployment:
 - `replica:<id>`: a replica's heartbeat, set every second by a thread of its own (so that a busy
   event loop does not look like a dead process); it expires three seconds after the replica dies,
   and then the replica's turns are ended by another.
-- `import:<id>`, `importing:<user>`: an import's progress (for any replica's poll), and the replica
-  running a user's import (one at a time across replicas).
 - `events`: a capped stream every replica reads: a turn started, a conversation changed or was
   deleted, a stop for a turn running elsewhere.
 
@@ -261,12 +259,6 @@ class RedisLink:
 
     def new_conversation_key(self, conversation_id: str) -> str:
         return f"{self.prefix}new:{conversation_id}"
-
-    def import_key(self, import_id: str) -> str:
-        return f"{self.prefix}import:{import_id}"
-
-    def import_owner_key(self, owner: str) -> str:
-        return f"{self.prefix}importing:{owner}"
 
     def frozen_since(self, moment: float) -> bool:
         """Whether this process was frozen (SIGSTOP, a VM pause) at some time after `moment`: its clock

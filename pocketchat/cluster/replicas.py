@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import time
 from collections.abc import Callable, Collection, Coroutine
 from dataclasses import asdict
 from typing import Any
@@ -52,7 +51,6 @@ from pocketchat.limits import Lease, Limits, Taken
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, new_id
 from pocketchat.settings import Settings
 from pocketchat.store import Store
-from pocketchat.transfer.imports import KEEP_SECONDS as IMPORT_KEEP_SECONDS
 from pocketchat.turn_log import TurnLog
 
 logger = logging.getLogger("pocketchat")
@@ -63,9 +61,6 @@ DELETE_MS = 30_000  # a deleted conversation's lease is held this long: no turn 
 IMPORT_QUIET_SECONDS = 10.0  # an import that has told nothing for this long, its replica gone, has stopped
 SWITCH_MS = 10_000  # at most, should the replica die while it switches (it lets go once its write lands)
 LOST_REDIS = "PocketChat lost its connection to Redis, which links its replicas: {}. The reply so far is kept."
-IMPORT_STOPPED = (
-    "The server that was importing this file stopped before it finished; nothing of it was kept. Try again."
-)
 
 # A turn that runs here: (turn, conversation id, lease value).
 Produced = tuple[Turn, str, str]
@@ -294,8 +289,8 @@ class Replicas:
         if held is not None:
             await self._release(conversation_id, held)
 
-    def switched(self, conversation: Conversation) -> None:
-        event = {"kind": "switched", "conversation": conversation.id, "leaf": conversation.record.leaf_id}
+    def switched(self, conversation_id: str, leaf_id: str | None, version: int) -> None:
+        event = {"kind": "switched", "conversation": conversation_id, "leaf": leaf_id, "version": version}
         self._errands.run(self._publish(event))
 
     def documents_changed(self, conversation_id: str, frame: dict[str, Any]) -> None:
@@ -350,10 +345,8 @@ class Replicas:
             state = event["frame"]["document"]
             if state["status"] == "removed" and self.on_documents_removed is not None:
                 self.on_documents_removed(conversation_id, state["id"])  # its indexing here stops
-        elif kind == "switched" and live is not None and live.turn is None:
-            # (A turn that started meanwhile shows its own path: the switch came too late for it.)
-            live.show(event["leaf"])
-            live.broadcast_text(live.path_frame())
+        elif kind == "switched" and live is not None:
+            self.hub.paths.told(live, event["leaf"], event.get("version"))
         elif kind == "deleted":
             # One id under "conversation" from a replica of the version before (a rolling upgrade).
             for deleted_id in event.get("conversations") or [conversation_id]:
@@ -361,63 +354,12 @@ class Replicas:
                 if self.on_documents_removed is not None:
                     self.on_documents_removed(deleted_id, None)
 
-    # ---- imports (a page may ask any replica how far one got) -----------------------------------
-
-    async def import_progressed(self, import_id: str, owner: str, wire: dict[str, Any]) -> None:
-        # Awaited by the import, so that its states land in order; a Redis that fails costs the other
-        # replicas the news, not the import.
-        try:
-            value = json.dumps({"owner": owner, "job": wire, "replica": self.link.replica, "at": time.time()})
-            await self.link.client.set(self.link.import_key(import_id), value, ex=IMPORT_KEEP_SECONDS)
-        except REDIS_FAILURES as error:
-            logger.warning("could not tell the other replicas how import %s… is going: %s", import_id[:6], error)
-
-    async def find_import(self, import_id: str) -> tuple[str, dict[str, Any]] | None:
-        try:
-            found = await self.link.client.get(self.link.import_key(import_id))
-        except REDIS_FAILURES:
-            return None
-        if found is None:
-            return None
-        kept = json.loads(found)
-        job, replica = kept["job"], kept.get("replica")
-        # Said to have stopped once its replica's heartbeat is gone and it has told nothing for a while:
-        # a heartbeat alone can be missing from a live replica for a moment (Redis restarted, say).
-        quiet = time.time() - kept.get("at", 0) > IMPORT_QUIET_SECONDS
-        if job["status"] == "importing" and quiet and replica not in (None, self.link.replica):
-            try:
-                alive = await self.link.alive(replica)
-            except REDIS_FAILURES:
-                alive = True  # not known: as that replica last said
-            if not alive:
-                job = {**job, "status": "failed", "error": IMPORT_STOPPED}
-        return kept["owner"], job
-
-    async def claim_import(self, owner: str) -> bool:
-        # One import a user across replicas: the key names the replica running it, and is taken from a
-        # replica whose heartbeat is gone (it died mid-import, and never let go).
-        key, mine = self.link.import_owner_key(owner), self.link.replica
-        try:
-            if await self.link.client.set(key, mine, ex=IMPORT_KEEP_SECONDS, nx=True):
-                return True
-            holder = await self.link.client.get(key)
-            if holder is not None and holder.decode() != mine and await self.link.alive(holder.decode()):
-                return False
-            await self.link.client.set(key, mine, ex=IMPORT_KEEP_SECONDS)
-            return True
-        except REDIS_FAILURES as error:
-            logger.warning("could not check the user's imports on the other replicas: %s", error)
-            return True  # this replica's own check still holds
-
-    async def release_import(self, owner: str) -> None:
-        with contextlib.suppress(*REDIS_FAILURES):
-            key = self.link.import_owner_key(owner)
-            if await self.link.client.get(key) == self.link.replica.encode():
-                await self.link.client.delete(key)
+    # ---- imports (the database is their record: transfer/imports.py) ----------------------------
 
     async def replica_gone(self, replica: str, quiet_for: float) -> bool:
-        # As `find_import` says an import stopped: a heartbeat alone can be missing from a live replica for
-        # a moment. (Were it alive all the same, its next batch finds its import undone, and fails whole.)
+        # A heartbeat alone can be missing from a live replica for a moment (Redis restarted, say): an import
+        # stopped once its replica's heartbeat is gone and it has written nothing for a while. (Were it
+        # alive all the same, its next batch finds its import undone, and fails whole.)
         if replica == self.link.replica or quiet_for < IMPORT_QUIET_SECONDS:
             return False
         try:
@@ -434,9 +376,10 @@ class Replicas:
             return
         with contextlib.suppress(*REDIS_FAILURES):
             key = self.link.new_conversation_key(record.id)
-            # Without `importing` (a new conversation's is False): a replica of the version before, which
-            # reads this as ConversationRecord(**...), knows no such field.
-            kept = {name: value for name, value in asdict(record).items() if name != "importing"}
+            # Without `importing` nor `path_version` (a new conversation's are False and 0): a replica of a
+            # version before, which reads this as ConversationRecord(**...), knows no such field.
+            left_out = ("importing", "path_version")
+            kept = {name: value for name, value in asdict(record).items() if name not in left_out}
             await self.link.client.set(key, json.dumps(kept), ex=UNSTORED_KEEP)
 
     def refresh_new(self, record: ConversationRecord) -> None:

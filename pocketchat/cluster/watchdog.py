@@ -21,8 +21,9 @@ from pocketchat.cluster.redis_link import (
     running_turn,
     takeover_frames,
 )
+from pocketchat.conversations import Conversation
 from pocketchat.errors import StorageError, Unavailable
-from pocketchat.records import ConversationRecord, Message
+from pocketchat.records import Message
 from pocketchat.store import Store
 from pocketchat.turn_log import InProcessTurnLog, parse_key
 
@@ -155,21 +156,29 @@ class Watchdog:
             reply = self._followed_reply(turn_id, TAKEN_OVER)
         self._run_later(self._store_interrupted(conversation_id, reply_id, reply, opening))
 
-    def _opening_of(self, turn_id: str) -> tuple[ConversationRecord, Message] | None:
+    def _opening_of(self, turn_id: str) -> tuple[Conversation, Message] | None:
         """The conversation and user message of a turn this replica followed from its `turn_start`: what
         the turn's own opening write held. That write is queued, not waited for, so a replica that dies
         behind a slow database may never have made it."""
         mirror = self.mirrors.get(turn_id)
         if mirror is None or mirror.turn.reply.parent_id is None:
             return None  # not followed here, or not from its start
-        return mirror.conversation.record, mirror.turn.user_message
+        return mirror.conversation, mirror.turn.user_message
 
     @staticmethod
     def _reply_of(turn_id: str, reply_id: str, snapshot: dict[str, Any], why: str) -> Message:
-        """A reply taken over, as stored: its text so far (a log's snapshot), marked interrupted."""
+        """A reply taken over, as stored: its text and steps so far (a log's snapshot), marked interrupted."""
         content, reasoning = snapshot["content"], snapshot["reasoning"]
+        meta = {"steps": snapshot["steps"]} if snapshot["steps"] else {}
         return Message(
-            "assistant", content, status="interrupted", turn_id=turn_id, id=reply_id, reasoning=reasoning, error=why
+            "assistant",
+            content,
+            status="interrupted",
+            turn_id=turn_id,
+            id=reply_id,
+            reasoning=reasoning,
+            error=why,
+            meta=meta,
         )
 
     @staticmethod
@@ -203,21 +212,29 @@ class Watchdog:
         conversation_id: str,
         reply_id: str,
         reply: Message | None,
-        opening: tuple[ConversationRecord, Message] | None,
+        opening: tuple[Conversation, Message] | None,
     ) -> None:
         """Store a taken-over reply as interrupted: what its stream held, or what this replica followed
         of it, else what the database has of it already. With its `opening`, the turn is stored whole
-        even where its replica's first write never landed."""
+        even where its replica's first write never landed (its path too, over the version this replica's
+        copy knows: if another was stored, this copy shows that one instead)."""
         try:
             if reply is None:
                 reply = await self._stored_reply(conversation_id, reply_id)
                 if reply is None:
                     return  # stored since by its own replica, or never
                 opening = None  # stored: its opening write landed
-            if opening is not None:
-                record, user_message = opening
-                reply.parent_id, reply.meta = user_message.id, {"model": record.model}
-            await self.store.save_interrupted(conversation_id, reply, opening)
+            if opening is None:
+                await self.store.save_interrupted(conversation_id, reply)
+                return
+            conversation, user_message = opening
+            reply.parent_id, reply.meta = user_message.id, {"model": conversation.record.model, **reply.meta}
+
+            def landed(written: bool | None) -> None:
+                if written is False:
+                    self.mirrors.hub.paths.refused(conversation)
+
+            await self.store.save_interrupted(conversation_id, reply, (conversation.record, user_message), landed)
         except StorageError as error:
             # A refused write is kept and written again when the database is back.
             logger.warning("turn of reply %s: its end is not stored yet: %s", reply_id, error.message)

@@ -23,7 +23,7 @@ from pocketchat.records import (
 )
 from pocketchat.search import SearchHit, SearchQuery
 from pocketchat.settings import Settings
-from pocketchat.store.transfer import ImportState
+from pocketchat.store.transfer import ImportState, StoredImport
 from pocketchat.transfer.tree import ConversationTree, TreeMessage
 
 if TYPE_CHECKING:
@@ -64,22 +64,38 @@ class Store(Protocol):
     async def load(self, conversation_id: str) -> tuple[ConversationRecord, list[Message]] | None: ...
 
     def open_turn(
-        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message]
+        self,
+        conversation_id: str,
+        new: ConversationRecord | None,
+        messages: list[Message],
+        expected: int | None = None,
+        landed: Callable[[bool], None] | None = None,
     ) -> asyncio.Future[None]:
-        """Store `new`, if given, and the turn's `messages`; the path shown becomes the latest (`leaf_id` NULL)."""
+        """Store `new`, if given, and the turn's `messages`; the path shown becomes the latest (`leaf_id`
+        NULL) if the stored path version is `expected` (None: whatever it is), and the version the next.
+        `landed` is told whether the path was written, once the write lands (pocketchat/paths.py)."""
 
-    def choose_path(self, record: ConversationRecord) -> asyncio.Future[Any]:
-        """Write the record's `leaf_id` (which versions the conversation shows), and nothing else of it."""
+    def choose_path(
+        self, record: ConversationRecord, expected: int | None = None, landed: Callable[[bool], None] | None = None
+    ) -> asyncio.Future[Any]:
+        """Write the record's `leaf_id` (which versions the conversation shows), and nothing else of it, as
+        `open_turn` writes its path: over path version `expected` only."""
 
     async def save_messages(self, conversation_id: str, messages: list[Message]) -> None: ...
 
     def checkpoint(self, conversation_id: str, message: Message) -> None: ...
 
     async def save_interrupted(
-        self, conversation_id: str, message: Message, opening: tuple[ConversationRecord, Message] | None = None
+        self,
+        conversation_id: str,
+        message: Message,
+        opening: tuple[ConversationRecord, Message] | None = None,
+        landed: Callable[[bool | None], None] | None = None,
     ) -> None:
-        """Store a reply whose replica died (its text, status interrupted), unless it was stored since;
-        with `opening`, its conversation and user message too, where they are not stored."""
+        """Store a reply whose replica died (its text and steps, status interrupted), unless it was stored
+        since; with `opening`, its conversation and user message too, where they are not stored, and the
+        path the latest over the record's path version (`landed` told whether it was written; None: the
+        opening was stored already, nothing was)."""
 
     async def secret(self, name: str, make: Any) -> str:
         """The secret `name`, made by `make()` and kept the first time it is asked for."""
@@ -98,8 +114,16 @@ class Store(Protocol):
 
     # Import and JSON export (`transfer/`): conversations whole, every branch of their messages.
 
-    def begin_import(self, import_id: str, replica: str) -> asyncio.Future[None]:
-        """List an import as running on that replica (`running_imports`), until it is finished or undone."""
+    def claim_import(self, import_id: str, owner: str, replica: str) -> asyncio.Future[bool]:
+        """List an import of the owner's as running on that replica (`running_imports`), until it is
+        finished or undone, unless one of theirs is listed (then False: one import at a time, whichever
+        replica each reaches)."""
+
+    def import_read(self, import_id: str, total: int, dropped: dict[str, int]) -> asyncio.Future[None]:
+        """The claimed import's file was read: how many conversations it holds, what was left out."""
+
+    def release_import(self, import_id: str) -> asyncio.Future[None]:
+        """The claimed import never began: no longer listed (written again until it lands)."""
 
     def import_conversations(
         self, owner: str, trees: list[ConversationTree], import_id: str, partial: bool = False
@@ -114,10 +138,15 @@ class Store(Protocol):
         """More messages of a partial conversation, in a transaction of their own; with the `last`, the
         path it shows (`leaf_id`), and it is shown."""
 
-    def finish_import(self, import_id: str) -> asyncio.Future[None]: ...
+    def finish_import(self, import_id: str) -> asyncio.Future[None]:
+        """The import ended whole: no longer listed, kept as done (`ended_imports`, for KEEP_SECONDS)."""
 
-    def undo_import(self, import_id: str) -> asyncio.Future[list[str]]:
-        """Delete the conversations the unfinished import wrote, and stop it writing more; their ids."""
+    def undo_import(self, import_id: str, error: str) -> asyncio.Future[list[str]]:
+        """Delete the conversations the unfinished import wrote, and stop it writing more (kept as failed,
+        with `error`); their ids."""
+
+    async def find_import(self, import_id: str) -> StoredImport | None:
+        """The import by that id, running or ended (for KEEP_SECONDS): what any replica answers for it."""
 
     async def import_state(self, conversation_id: str) -> ImportState:
         """What became of a conversation an import wrote: still being written (it goes whole if the import

@@ -38,7 +38,7 @@ from pocketchat.store.postgres_schema import START_TIMEOUT, migrate
 from pocketchat.store.postgres_search import PostgresSearch
 from pocketchat.store.postgres_shares import PostgresShares
 from pocketchat.store.postgres_transfer import PostgresTransfer
-from pocketchat.store.queued import QueuedStore, Row
+from pocketchat.store.queued import ChosenPath, QueuedStore, Row, merged_meta
 from pocketchat.store.transfer import IMPORTING, PARTIAL
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ READ_TIMEOUT = 3.0  # seconds a read may take; then the user is told the databas
 STALL_SECONDS = 1.0  # a write (or probe) the server has not answered for this long makes /healthz fail
 
 # Never `SELECT *`: the search index's vectors (`words`, `title_words`, as long as the text) are never read back.
-CONVERSATION_READ = ", ".join((*CONVERSATION_COLUMNS, "leaf_id"))
+CONVERSATION_READ = ", ".join((*CONVERSATION_COLUMNS, "leaf_id", "path_version"))
 MESSAGE_COLUMNS = (
     "seq, id, conversation_id, turn_id, role, content, reasoning, status, error, meta, created_at, parent_id"
 )
@@ -269,39 +269,65 @@ class PostgresStore(
 
         return work
 
-    def _save(self, conversation_id: str, rows: list[Row], new: ConversationRecord | None, opening: bool) -> Work[None]:
-        touch = "UPDATE conversations SET updated_at = $1" + (", leaf_id = NULL" if opening else "") + " WHERE id = $2"
+    def _save(
+        self, conversation_id: str, rows: list[Row], new: ConversationRecord | None, path: ChosenPath | None
+    ) -> Work[bool | None]:
+        touch = "UPDATE conversations SET updated_at = $1 WHERE id = $2"
+        choose = None if path is None else self._choose(conversation_id, path, touch=True)
 
-        async def work(db: asyncpg.Connection) -> None:
+        async def work(db: asyncpg.Connection) -> bool | None:
             if new is not None:
                 await _insert_conversation(db, new)
             if rows:
                 await db.executemany(UPSERT_MESSAGE, rows)
-            await db.execute(touch, time.time(), conversation_id)
+            written = None if choose is None else await choose(db)  # touches `updated_at` too, if written
+            if not written:
+                await db.execute(touch, time.time(), conversation_id)
+            return written
 
         return work
 
-    def _choose(self, conversation_id: str, leaf_id: str | None) -> Work[str]:
-        return lambda db: db.execute("UPDATE conversations SET leaf_id = $1 WHERE id = $2", leaf_id, conversation_id)
+    def _choose(self, conversation_id: str, path: ChosenPath, touch: bool = False) -> Work[bool]:
+        query = "UPDATE conversations SET leaf_id = $1, path_version = path_version + 1"
+        args: tuple[Any, ...] = (path.leaf_id, conversation_id)
+        if touch:  # a turn's opening write: `updated_at` with it, in one statement
+            query, args = query + f", updated_at = ${len(args) + 1}", (*args, time.time())
+        query += " WHERE id = $2"
+        if path.expected is not None:
+            query, args = query + f" AND path_version = ${len(args) + 1}", (*args, path.expected)
+
+        async def work(db: asyncpg.Connection) -> bool:
+            return rows_changed(await db.execute(query, *args)) > 0
+
+        return work
 
     def _interrupt(self, message: Message) -> Work[str]:
         query = (
-            "UPDATE messages SET content = $1, reasoning = $2, status = 'interrupted', error = $3"
-            " WHERE id = $4 AND status = 'streaming'"
+            "UPDATE messages SET content = $1, reasoning = $2, status = 'interrupted', error = $3,"
+            " meta = coalesce($5, meta) WHERE id = $4 AND status = 'streaming'"
         )
         row = (message.content, message.reasoning, message.error, message.id)
-        return lambda db: db.execute(query, *row)
+        read = "SELECT meta FROM messages WHERE id = $1 AND status = 'streaming' FOR UPDATE"
+
+        async def work(db: asyncpg.Connection) -> str:
+            stored = await db.fetchval(read, message.id) if message.meta else None
+            return await db.execute(query, *row, merged_meta(stored, message))
+
+        return work
 
     def _interrupt_or_open(
         self, conversation_id: str, message: Message, rows: list[Row], record: ConversationRecord
     ) -> Work[Any]:
-        # The row of a reply whose opening write landed keeps its steps and usage (meta): only its end is
-        # written, as `_interrupt` does. Else the opening write is made now, with the reply as it ended.
-        interrupt, open_turn = self._interrupt(message), self._save(conversation_id, rows, record, True)
+        # The row of a reply whose opening write landed keeps its usage so far (meta): its end is written,
+        # with its steps, as `_interrupt` does. Else the opening write is made now, with the reply as it ended.
+        interrupt = self._interrupt(message)
+        open_turn = self._save(conversation_id, rows, record, ChosenPath(None, record.path_version))
 
-        async def work(db: asyncpg.Connection) -> Any:
-            landed = await db.fetchval("SELECT 1 FROM messages WHERE id = $1", message.id) is not None
-            return await (interrupt(db) if landed else open_turn(db))
+        async def work(db: asyncpg.Connection) -> bool | None:
+            if await db.fetchval("SELECT 1 FROM messages WHERE id = $1", message.id) is None:
+                return await open_turn(db)
+            await interrupt(db)
+            return None
 
         return work
 

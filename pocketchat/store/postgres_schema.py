@@ -249,6 +249,35 @@ END
 $$;
 UPDATE messages SET status = status WHERE status != 'streaming' AND octet_length(content) > 65536;
 """,
+    # The path a conversation shows has a version (SQLite's step 16): each write of `leaf_id` (a switch, a
+    # turn's opening write) says which version it replaces, `WHERE path_version = $expected`, and writes
+    # the next. Replicas write it, and a write can land late (a stalled database, a replica that had not
+    # read another's turn yet): then it is refused, not applied over what came after it.
+    """
+ALTER TABLE conversations ADD COLUMN path_version BIGINT NOT NULL DEFAULT 0;
+""",
+    # Imports as the database knows them (SQLite's step 17), which every replica asks, whatever Redis
+    # lost: a running import names its owner, one at a time (the unique index: a claim is an insert that
+    # may conflict; NULL for one from before), and how far it got; an ended one is kept in `ended_imports`
+    # for an hour, with how it ended, so that any replica answers for it.
+    """
+ALTER TABLE running_imports ADD COLUMN owner TEXT;
+ALTER TABLE running_imports ADD COLUMN total BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE running_imports ADD COLUMN imported BIGINT NOT NULL DEFAULT 0;
+ALTER TABLE running_imports ADD COLUMN dropped TEXT NOT NULL DEFAULT '{}';
+CREATE UNIQUE INDEX running_imports_by_owner ON running_imports (owner);
+CREATE TABLE ended_imports (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    status TEXT NOT NULL,
+    total BIGINT NOT NULL,
+    imported BIGINT NOT NULL,
+    dropped TEXT NOT NULL,
+    error TEXT,
+    ended_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX ended_imports_by_time ON ended_imports (ended_at);
+""",
 ]
 
 

@@ -5,8 +5,10 @@ connection (`_insert`, `_save`, ...); its reads are its own.
 """
 
 import asyncio
+import json
 import time
 from collections.abc import Callable, Collection
+from dataclasses import dataclass
 from typing import Any
 
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
@@ -15,6 +17,22 @@ from pocketchat.store.writes import D, Job, WriteQueue
 
 Work = Callable[[Any], Any]  # what the write connection runs for one job (a coroutine function on PostgreSQL)
 Row = tuple[Any, ...]  # a message as both stores write it (`Message.to_row`)
+Landed = Callable[[Any], None]  # told what a write gave once it lands (also after its caller was told it failed)
+
+
+@dataclass(frozen=True)
+class ChosenPath:
+    """A write of the path a conversation shows: its last message (None: the latest), over which stored
+    path version (pocketchat/paths.py; None: over any, for a write no replica makes)."""
+
+    leaf_id: str | None
+    expected: int | None
+
+
+def merged_meta(stored: str | None, message: Message) -> str | None:
+    """The meta to store for a reply taken over: as stored (its model, its usage so far), with what the
+    taken-over reply knows over it (its steps, as its stream had them); None: leave it as it is."""
+    return None if stored is None else json.dumps(json.loads(stored) | message.meta)
 
 
 def _rows(conversation_id: str, messages: list[Message]) -> list[Row]:
@@ -48,39 +66,55 @@ class QueuedStore(WriteQueue[D]):
         return await self._write(self._delete(conversation_id), conversation_id, retry=False)
 
     def open_turn(
-        self, conversation_id: str, new: ConversationRecord | None, messages: list[Message]
+        self,
+        conversation_id: str,
+        new: ConversationRecord | None,
+        messages: list[Message],
+        expected: int | None = None,
+        landed: Landed | None = None,
     ) -> asyncio.Future[None]:
         """Queue, at once, what a turn starts with: the conversation if it is `new`, its messages saved, and
-        the path shown the latest (the turn's). Later writes land after it, so the turn need not wait for it."""
-        rows = _rows(conversation_id, messages)
-        return self._write(self._save(conversation_id, rows, new, True), conversation_id)
+        the path shown the latest (the turn's), over path version `expected` only (None: over any, as a
+        test writes). `landed` is told whether the path was written, once the write lands. Later writes
+        land after it, so the turn need not wait for it."""
+        work = self._save(conversation_id, _rows(conversation_id, messages), new, ChosenPath(None, expected))
+        return self._write(work, conversation_id, landed=landed)
 
     async def save_messages(self, conversation_id: str, messages: list[Message]) -> None:
         """Insert or update these messages, in order, in one transaction."""
-        work = self._save(conversation_id, _rows(conversation_id, messages), None, False)
+        work = self._save(conversation_id, _rows(conversation_id, messages), None, None)
         await self._write(work, conversation_id)
 
     def checkpoint(self, conversation_id: str, message: Message) -> None:
         """Queue a save of a reply in progress without waiting for it (a crash then loses little)."""
-        work = self._save(conversation_id, _rows(conversation_id, [message]), None, False)
+        work = self._save(conversation_id, _rows(conversation_id, [message]), None, None)
         self._queue(Job(work, None, conversation_id))
 
-    def choose_path(self, record: ConversationRecord) -> asyncio.Future[Any]:
-        """Write which path the conversation shows (`leaf_id`), and nothing else of it."""
-        return self._write(self._choose(record.id, record.leaf_id), record.id)
+    def choose_path(
+        self, record: ConversationRecord, expected: int | None = None, landed: Landed | None = None
+    ) -> asyncio.Future[Any]:
+        """Write which path the conversation shows (`leaf_id`), and nothing else of it, over path version
+        `expected` only (None: over any); `landed` is told whether it was written, once it lands."""
+        return self._write(self._choose(record.id, ChosenPath(record.leaf_id, expected)), record.id, landed=landed)
 
     async def save_interrupted(
-        self, conversation_id: str, message: Message, opening: tuple[ConversationRecord, Message] | None = None
+        self,
+        conversation_id: str,
+        message: Message,
+        opening: tuple[ConversationRecord, Message] | None = None,
+        landed: Landed | None = None,
     ) -> None:
         """Store a reply whose replica died as interrupted, unless its replica stored it since. With
         `opening` (its conversation and user message, as another replica followed the turn), what the
-        turn's own opening write held is stored too, where it never landed."""
+        turn's own opening write held is stored too, where it never landed: the path the latest over the
+        record's path version only, `landed` told whether it was written (None: no opening was written)."""
         if opening is None:
             await self._write(self._interrupt(message), conversation_id)
             return
         record, user_message = opening
         rows = _rows(conversation_id, [user_message, message])
-        await self._write(self._interrupt_or_open(conversation_id, message, rows, record), conversation_id)
+        work = self._interrupt_or_open(conversation_id, message, rows, record)
+        await self._write(work, conversation_id, landed=landed)
 
     # ---- sign-in: never written again after a refusal (its caller answers the user now) -----------
 
@@ -119,23 +153,29 @@ class QueuedStore(WriteQueue[D]):
         """Delete the conversation (its messages with it) and remember its id; give whether it was there."""
         raise NotImplementedError
 
-    def _save(self, conversation_id: str, rows: list[Row], new: ConversationRecord | None, opening: bool) -> Work:
+    def _save(
+        self, conversation_id: str, rows: list[Row], new: ConversationRecord | None, path: ChosenPath | None
+    ) -> Work:
         """Store `new` (as `_insert`), write the messages' rows (a final reply is never written over), and
-        touch the conversation's `updated_at`; when `opening` a turn, make its `leaf_id` NULL (the latest)."""
+        touch the conversation's `updated_at`; with `path` (a turn's opening), write it as `_choose` does,
+        and give whether it was written."""
         raise NotImplementedError
 
-    def _choose(self, conversation_id: str, leaf_id: str | None) -> Work:
-        """Write the conversation's `leaf_id`."""
+    def _choose(self, conversation_id: str, path: ChosenPath) -> Work:
+        """Write the conversation's `leaf_id` and the next path version, if the stored version is the one
+        the path expects (or it expects none); give whether it was written."""
         raise NotImplementedError
 
     def _interrupt(self, message: Message) -> Work:
-        """Write the message's text, reasoning and error with the status interrupted, if it still streams."""
+        """Write the message's text, reasoning and error with the status interrupted, if it still streams,
+        and its meta's keys over the stored meta's (`merged_meta`)."""
         raise NotImplementedError
 
     def _interrupt_or_open(
         self, conversation_id: str, message: Message, rows: list[Row], record: ConversationRecord
     ) -> Work:
-        """`_interrupt` if the reply's row is there; else `_save` the turn's `rows` as its opening would."""
+        """`_interrupt` if the reply's row is there (giving None); else `_save` the turn's `rows` as its
+        opening would, over the record's path version (giving whether the path was written)."""
         raise NotImplementedError
 
     def _keep_secret(self, name: str, value: str) -> Work:

@@ -25,7 +25,7 @@ from pocketchat.records import (
     with_images,
 )
 from pocketchat.store import TOMBSTONE_SECONDS, session_hash
-from pocketchat.store.queued import QueuedStore, Row
+from pocketchat.store.queued import ChosenPath, QueuedStore, Row, merged_meta
 from pocketchat.store.sqlite_attachments import IMAGE_COLUMNS, SqliteAttachments
 from pocketchat.store.sqlite_schema import migrate
 from pocketchat.store.sqlite_search import SqliteSearch
@@ -298,36 +298,58 @@ class SqliteStore(SqliteShares, SqliteAttachments, SqliteSearch, SqliteTransfer,
 
         return work
 
-    def _save(self, conversation_id: str, rows: list[Row], new: ConversationRecord | None, opening: bool) -> Work[None]:
-        touch = "UPDATE conversations SET updated_at = ?" + (", leaf_id = NULL" if opening else "") + " WHERE id = ?"
+    def _save(
+        self, conversation_id: str, rows: list[Row], new: ConversationRecord | None, path: ChosenPath | None
+    ) -> Work[bool | None]:
+        touch = "UPDATE conversations SET updated_at = ? WHERE id = ?"
+        choose = None if path is None else self._choose(conversation_id, path, touch=True)
 
-        def work(db: sqlite3.Connection) -> None:
+        def work(db: sqlite3.Connection) -> bool | None:
             if new is not None:
                 _insert_conversation(db, new)
             db.executemany(UPSERT_MESSAGE, rows)
-            db.execute(touch, (time.time(), conversation_id))
+            written = None if choose is None else choose(db)  # touches `updated_at` too, if written
+            if not written:
+                db.execute(touch, (time.time(), conversation_id))
+            return written
 
         return work
 
-    def _choose(self, conversation_id: str, leaf_id: str | None) -> Work[Any]:
-        return lambda db: db.execute("UPDATE conversations SET leaf_id = ? WHERE id = ?", (leaf_id, conversation_id))
+    def _choose(self, conversation_id: str, path: ChosenPath, touch: bool = False) -> Work[bool]:
+        query = "UPDATE conversations SET leaf_id = ?, path_version = path_version + 1"
+        args: tuple[Any, ...] = (path.leaf_id,)
+        if touch:  # a turn's opening write: `updated_at` with it, in one statement
+            query, args = query + ", updated_at = ?", (*args, time.time())
+        query, args = query + " WHERE id = ?", (*args, conversation_id)
+        if path.expected is not None:
+            query, args = query + " AND path_version = ?", (*args, path.expected)
+        return lambda db: db.execute(query, args).rowcount > 0
 
     def _interrupt(self, message: Message) -> Work[Any]:
-        row = (message.content, message.reasoning, message.error, message.id)
-        query = "UPDATE messages SET content = ?, reasoning = ?, status = 'interrupted', error = ?"
-        query += " WHERE id = ? AND status = 'streaming'"
-        return lambda db: db.execute(query, row)
+        query = "UPDATE messages SET content = ?, reasoning = ?, status = 'interrupted', error = ?,"
+        query += " meta = coalesce(?, meta) WHERE id = ? AND status = 'streaming'"
+        read = "SELECT meta FROM messages WHERE id = ? AND status = 'streaming'"
+
+        def work(db: sqlite3.Connection) -> Any:
+            stored = db.execute(read, (message.id,)).fetchone() if message.meta else None
+            meta = merged_meta(stored[0] if stored else None, message)
+            return db.execute(query, (message.content, message.reasoning, message.error, meta, message.id))
+
+        return work
 
     def _interrupt_or_open(
         self, conversation_id: str, message: Message, rows: list[Row], record: ConversationRecord
     ) -> Work[Any]:
-        # The row of a reply whose opening write landed keeps its steps and usage (meta): only its end is
-        # written, as `_interrupt` does. Else the opening write is made now, with the reply as it ended.
-        interrupt, open_turn = self._interrupt(message), self._save(conversation_id, rows, record, True)
+        # The row of a reply whose opening write landed keeps its usage so far (meta): its end is written,
+        # with its steps, as `_interrupt` does. Else the opening write is made now, with the reply as it ended.
+        interrupt = self._interrupt(message)
+        open_turn = self._save(conversation_id, rows, record, ChosenPath(None, record.path_version))
 
-        def work(db: sqlite3.Connection) -> Any:
-            landed = db.execute("SELECT 1 FROM messages WHERE id = ?", (message.id,)).fetchone() is not None
-            return interrupt(db) if landed else open_turn(db)
+        def work(db: sqlite3.Connection) -> bool | None:
+            if db.execute("SELECT 1 FROM messages WHERE id = ?", (message.id,)).fetchone() is None:
+                return open_turn(db)
+            interrupt(db)
+            return None
 
         return work
 

@@ -357,6 +357,32 @@ CREATE TRIGGER messages_text_update AFTER UPDATE OF content, status ON messages
     INSERT INTO messages_unindexed(seq) SELECT new.seq WHERE new.status != 'streaming';
 END;
 """,
+    # The path a conversation shows has a version (PostgreSQL's step 14): each write of `leaf_id` names
+    # the version it replaces and writes the next, so that a write that lands out of order is refused.
+    """
+ALTER TABLE conversations ADD COLUMN path_version INTEGER NOT NULL DEFAULT 0;
+""",
+    # Imports as the database knows them (PostgreSQL's step 15): a running import names its owner, one at
+    # a time (a claim is an insert that may conflict), and how far it got; an ended one is kept in
+    # `ended_imports` for an hour, with how it ended.
+    """
+ALTER TABLE running_imports ADD COLUMN owner TEXT;
+ALTER TABLE running_imports ADD COLUMN total INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE running_imports ADD COLUMN imported INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE running_imports ADD COLUMN dropped TEXT NOT NULL DEFAULT '{}';
+CREATE UNIQUE INDEX running_imports_by_owner ON running_imports(owner);
+CREATE TABLE ended_imports (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    status TEXT NOT NULL,
+    total INTEGER NOT NULL,
+    imported INTEGER NOT NULL,
+    dropped TEXT NOT NULL,
+    error TEXT,
+    ended_at REAL NOT NULL
+);
+CREATE INDEX ended_imports_by_time ON ended_imports(ended_at);
+""",
 ]
 
 

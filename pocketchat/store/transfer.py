@@ -7,6 +7,7 @@ an import writes them as the file gives them, under new ids. The statements are 
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pocketchat.records import read_json_columns
@@ -40,6 +41,27 @@ def import_state(importing: bool, there: bool) -> ImportState:
 
 class ImportStopped(Exception):
     """The import is no longer running: it was found stopped (its replica seemed gone) and undone."""
+
+
+KEEP_SECONDS = 3600  # how long an ended import's status can be asked for
+
+
+@dataclass(frozen=True)
+class StoredImport:
+    """An import as the database has it, for whichever replica is asked how it goes."""
+
+    owner: str
+    wire: dict[str, Any]  # what `GET /api/imports/{id}` says (ImportJob.to_wire)
+    replica: str | None  # the replica writing it, while it runs
+    told_at: float  # when its last batch landed, or when it ended
+
+    @classmethod
+    def from_row(cls, import_id: str, row: Mapping[str, Any]) -> "StoredImport":
+        wire = {"id": import_id, "status": row["status"], "total": row["total"], "imported": row["imported"]}
+        wire["dropped"] = json.loads(row["dropped"])
+        return cls(
+            row["owner"], wire | ({"error": row["error"]} if row["error"] else {}), row["replica"], row["told_at"]
+        )
 
 
 def conversation_rows(owner: str, trees: list[ConversationTree]) -> list[tuple[Any, ...]]:

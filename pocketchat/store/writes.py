@@ -43,6 +43,9 @@ class Job:
     done: asyncio.Future[Any] | None
     conversation_id: str | None = None
     retry: bool = True
+    # Told what `work` gave once it has landed, also when that is after a refusal (its caller was told it
+    # failed then): a write whose outcome matters after its caller stopped waiting (a path's).
+    landed: Callable[[Any], None] | None = None
 
 
 Outcome = tuple[Job, Any, Exception | None]  # a job, its result, or why it failed
@@ -157,11 +160,15 @@ class WriteQueue(Generic[D]):
         self._jobs.put_nowait(job)
 
     def _write(
-        self, work: Callable[[Any], Any], conversation_id: str | None, retry: bool = True
+        self,
+        work: Callable[[Any], Any],
+        conversation_id: str | None,
+        retry: bool = True,
+        landed: Callable[[Any], None] | None = None,
     ) -> asyncio.Future[Any]:
         """Queue a write now (writes run in the order they are queued); await the result when it matters."""
         done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._queue(Job(work, done, conversation_id, retry))
+        self._queue(Job(work, done, conversation_id, retry, landed))
         # The writer logs a failure; a caller that does not wait for the result need not hear of it again.
         done.add_done_callback(lambda future: future.cancelled() or future.exception())
         return done
@@ -280,6 +287,9 @@ class WriteQueue(Generic[D]):
         waiting = {job.conversation_id for job in self._unwritten}
         self._unwritten = kept[-MAX_UNWRITTEN:]
         for job, result, error in results:
+            if error is None and job.landed is not None:
+                # Before its caller wakes up; what it raises is the loop's to log, not the writer's.
+                asyncio.get_running_loop().call_soon(job.landed, result)
             self._settle(job, result, error)
         for conversation_id in waiting - {job.conversation_id for job in self._unwritten}:
             if conversation_id is not None and self.on_written is not None:

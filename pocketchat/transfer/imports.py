@@ -1,7 +1,7 @@
-"""Imports: a file checked whole in a child process, then its conversations written in the background,
+"""Imports: a file checked whole in a job worker, then its conversations written in the background,
 a batch at a time, through the store's one write queue, all or nothing.
 
-The child (`read.py`) parses and checks the file away from the event loop and this process's memory; a
+The worker (`read.check`) parses and checks the file away from the event loop and this process's memory; a
 bad file is refused before anything is written. The conversations then go in batches, each batch one
 write job (one transaction; a conversation of more than BATCH_MESSAGES messages goes in parts), each
 under new ids and the importer's name, read one at a time (a long one on a thread) and paused between:
@@ -10,6 +10,11 @@ Each conversation is listed as the import's, in the transaction that writes it, 
 If a batch fails, or the app stops meanwhile, the conversations this import wrote are deleted again; if
 its process dies (killed, its machine gone), the next that finds it gone deletes them (`clear_stopped`):
 an import is kept whole or not at all.
+
+The database is what every replica asks: an import is claimed there before its file is read (one of a
+user's at a time: a conflicting insert), says there how far it got batch by batch, and is kept there for
+KEEP_SECONDS once it ended, however it ended; so a replica that never ran it answers for it, whatever
+Redis forgot.
 """
 
 import asyncio
@@ -25,10 +30,12 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Literal, Protocol
 
 from pocketchat.background import CLEANUP_SECONDS, cancel_and_wait
+from pocketchat.errors import StorageError, Unavailable
 from pocketchat.jobs import JobFailed, Jobs, OverBudget
 from pocketchat.records import new_id
 from pocketchat.settings import Settings
-from pocketchat.store import Store
+from pocketchat.store import SAVE_WAIT_SECONDS, Store
+from pocketchat.store.transfer import KEEP_SECONDS
 from pocketchat.transfer.native import from_file
 from pocketchat.transfer.read import check, over_memory
 from pocketchat.transfer.tree import BadFile, ConversationTree
@@ -41,7 +48,6 @@ BATCH_CONVERSATIONS = 25
 # no pause, a chat's first chunk came twice as late while an import was written on a busy 2-core machine,
 # with this one as early as without an import, for an import about a quarter slower (bench/import_conversations.py).
 PAUSE_SECONDS = 0.1
-KEEP_SECONDS = 3600  # how long a finished import's status can be asked for
 READ_TIMEOUT = 300.0  # seconds checking a file may take
 # Large files checked at once, by all users (each user one at a time), so that other jobs keep workers: more
 # wait their turn. A small file waits for none of them, only for a worker (pocketchat/jobs).
@@ -79,8 +85,8 @@ class ImportJob:
 
 
 class Progress(Protocol):
-    """Where an import's state is kept for the other replicas (the app's coordinator: with replicas, a
-    page's next poll may reach another one)."""
+    """What an import asks of the app's coordinator: which process runs it, and whether another has
+    stopped (with replicas, a replica's heartbeat)."""
 
     replica: str  # this process's name, new at each start: it marks what its imports write
 
@@ -88,21 +94,14 @@ class Progress(Protocol):
         """Whether the process of that name has stopped (this one's before a restart, or a dead replica),
         its import having written nothing for `quiet_for` seconds."""
 
-    async def import_progressed(self, import_id: str, owner: str, wire: dict[str, Any]) -> None: ...
-
-    async def find_import(self, import_id: str) -> tuple[str, dict[str, Any]] | None: ...
-
-    async def claim_import(self, owner: str) -> bool:
-        """Whether the owner may start an import: none of theirs runs on another replica."""
-
-    async def release_import(self, owner: str) -> None: ...
-
 
 class ImportRunning(Exception):
     """The user has an import under way already."""
 
 
 RUNNING = "An import of yours is under way already; wait for it to end."
+FAILED = "The import failed and nothing of it was kept; try again."
+STOPPED = "The server that was importing this file stopped before it finished; nothing of it was kept. Try again."
 
 
 class Imports:
@@ -119,7 +118,6 @@ class Imports:
         self._jobs: dict[str, ImportJob] = {}
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
-        self._reading: set[str] = set()  # owners whose file is being checked
         self._readers = asyncio.Semaphore(READERS)
         self._sweeping: asyncio.Task[None] | None = None
         # Told of the conversations a failed import deleted (the app tells the pages that show one).
@@ -130,14 +128,14 @@ class Imports:
         run here, or on another replica."""
         if (job := self._jobs.get(import_id)) is not None:
             return job.to_wire() if job.owner == owner else None
-        found = await self.progress.find_import(import_id)
-        if found is None or found[0] != owner:
+        found = await self.store.find_import(import_id)
+        if found is None or found.owner != owner:
             return None
-        job = found[1]
-        # Its replica died mid-import: said failed (nothing kept) once what it wrote is deleted, not before.
-        if job["status"] == "failed" and ((left := await self.clear_stopped()) is None or import_id in left):
-            return {key: value for key, value in job.items() if key != "error"} | {"status": "importing"}
-        return job
+        if found.replica is not None and await self.progress.replica_gone(found.replica, time.time() - found.told_at):
+            # Its replica died mid-import: failed (nothing kept) once what it wrote is deleted, not before.
+            await self.clear_stopped()
+            found = await self.store.find_import(import_id) or found
+        return found.wire
 
     async def clear_stopped(self) -> set[str] | None:
         """Delete what the imports of a stopped process wrote (it never ended them), unless its replica
@@ -154,7 +152,7 @@ class Imports:
                 left.add(import_id)
                 continue
             try:
-                undone = await self.store.undo_import(import_id)  # kept and written again if the database refuses it
+                undone = await self.store.undo_import(import_id, STOPPED)  # written again if the database refuses it
             except Exception as error:
                 logger.warning(
                     "import %s stopped with %s: its writes are not deleted yet: %s", import_id[:6], replica, error
@@ -177,42 +175,52 @@ class Imports:
             await asyncio.sleep(SWEEP_SECONDS)
             await self.clear_stopped()
 
-    async def _tell(self, job: ImportJob) -> None:
-        await self.progress.import_progressed(job.id, job.owner, job.to_wire())
-
     async def start(self, owner: str, upload: BinaryIO) -> ImportJob:
         """Check the uploaded file whole (BadFile if it cannot be imported: nothing is written), then
-        write its conversations in the background; the job says how far it got."""
+        write its conversations in the background; the job says how far it got. ImportRunning if one of
+        the owner's runs, here or on another replica."""
         self._forget_old()
-        if owner in self._reading or any(
-            job.owner == owner and job.status == "importing" for job in self._jobs.values()
-        ):
-            raise ImportRunning(RUNNING)
-        self._reading.add(owner)
-        if not await self.progress.claim_import(owner):
-            self._reading.discard(owner)
-            raise ImportRunning(RUNNING)
+        import_id = new_id()
+        await self._claim(import_id, owner)
         try:
-            await self.clear_stopped()  # the user's last import may have been on a replica that died
             folder = await asyncio.to_thread(tempfile.mkdtemp, prefix="pocketchat-import-")
             source, lines = os.path.join(folder, "upload.json"), os.path.join(folder, "conversations.jsonl")
             try:
                 size = await asyncio.to_thread(_copy, upload, source)
                 async with self._readers if size > SMALL_FILE_BYTES else contextlib.nullcontext():
                     verdict = await self._read(owner, source, lines)
+                job = ImportJob(owner, verdict["conversations"], verdict["dropped"], id=import_id)
+                # Before its id goes out: the page's first poll may reach another replica.
+                await self.store.import_read(job.id, job.total, job.dropped)
             except BaseException:
                 await asyncio.to_thread(shutil.rmtree, folder, True)
                 raise
         except BaseException:
-            await self.progress.release_import(owner)
+            self.store.release_import(import_id)  # the owner may import again (written until it lands)
             raise
-        finally:
-            self._reading.discard(owner)
-        job = ImportJob(owner, verdict["conversations"], verdict["dropped"])
         self._jobs[job.id] = job
-        await self._tell(job)  # before its id goes out: the page's first poll may reach another replica
         self._keep(self._write(job, lines, folder), name=f"import {job.id[:6]}")
         return job
+
+    async def _claim(self, import_id: str, owner: str) -> None:
+        """Claim the import in the database, the one arbiter of a user's imports across replicas (Redis may
+        forget), or raise ImportRunning. Claims are queued in the order imports start, so the first wins."""
+        if await self._claimed(import_id, owner):
+            return
+        # One of theirs is listed: perhaps that of a process that stopped, which no sweep has deleted yet.
+        await self.clear_stopped()
+        if not await self._claimed(import_id, owner):
+            raise ImportRunning(RUNNING)
+
+    async def _claimed(self, import_id: str, owner: str) -> bool:
+        """One claim: a database that refuses or does not answer in SAVE_WAIT_SECONDS is Unavailable (a
+        claim that lands later is let go again)."""
+        claim = self.store.claim_import(import_id, owner, self.progress.replica)
+        try:
+            return await asyncio.wait_for(asyncio.shield(claim), SAVE_WAIT_SECONDS)
+        except (StorageError, TimeoutError):
+            self.store.release_import(import_id)  # queued behind the claim: lands after it
+            raise Unavailable("PocketChat cannot reach its database now; try the import again in a moment.") from None
 
     async def _read(self, owner: str, source: str, lines: str) -> dict[str, Any]:
         """Check the file in a job worker; its verdict (`{conversations, dropped}`), or BadFile with its
@@ -233,7 +241,6 @@ class Imports:
     async def _write(self, job: ImportJob, lines: str, folder: str) -> None:
         started = time.monotonic()
         try:
-            await self.store.begin_import(job.id, self.progress.replica)
             with open(lines, encoding="utf-8") as file:
                 batch: list[ConversationTree] = []
                 for line in file:  # a local file of one conversation a line: each read is short
@@ -260,7 +267,7 @@ class Imports:
         except BaseException as error:  # a shutdown (cancelled) too: none of it stays
             logger.error("import %s failed after %d conversations: %r", job.id[:6], job.imported, error)
             await self._undo(job)  # before it says failed: then none of it is left
-            job.status, job.error = "failed", "The import failed and nothing of it was kept; try again."
+            job.status, job.error = "failed", FAILED
             if not isinstance(error, Exception):
                 raise
         else:
@@ -268,8 +275,6 @@ class Imports:
             logger.info("import %s: %d conversations in %.1f s", job.id[:6], job.imported, time.monotonic() - started)
         finally:
             job.ended_at = time.monotonic()
-            await self._tell(job)
-            await self.progress.release_import(job.owner)
             await asyncio.to_thread(shutil.rmtree, folder, True)
 
     def _tree(self, line: str) -> ConversationTree:
@@ -283,7 +288,6 @@ class Imports:
         await self.store.import_conversations(job.owner, batch, job.id)
         job.written += [tree.id for tree in batch]
         job.imported += len(batch)
-        await self._tell(job)
         await asyncio.sleep(PAUSE_SECONDS)  # an import is never urgent: the writer serves chats first
 
     async def _write_long(self, job: ImportJob, tree: ConversationTree) -> None:
@@ -300,7 +304,6 @@ class Imports:
             await self.store.import_messages(tree.id, messages[start : start + BATCH_MESSAGES], job.id, last, leaf_id)
             await asyncio.sleep(0)  # what waited for the writer meanwhile (a chat's) goes first
         job.imported += 1
-        await self._tell(job)
         await asyncio.sleep(PAUSE_SECONDS)
 
     async def _undo(self, job: ImportJob) -> None:
@@ -310,7 +313,7 @@ class Imports:
         gone = job.written
         try:
             # With a batch whose write was cancelled (a shutdown) but landed: only the undo knows it.
-            gone = sorted({*gone, *await self.store.undo_import(job.id)})
+            gone = sorted({*gone, *await self.store.undo_import(job.id, FAILED)})
         except Exception:
             logger.exception("import %s: could not delete the %d conversations it wrote", job.id[:6], job.imported)
             # The store writes it again until it lands; a page may open one of them meanwhile.

@@ -24,6 +24,7 @@ from starlette.websockets import WebSocketDisconnect, WebSocketDisconnected
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn, TurnIds
 from pocketchat.errors import BadFrame, ProtocolError, RateLimited, StorageError
+from pocketchat.paths import Again
 from pocketchat.records import ImageRecord
 from pocketchat.state import AppState, chat_state
 from pocketchat.store import SAVE_WAIT_SECONDS
@@ -287,18 +288,27 @@ class Client:
         await self.state.limits.take_change(self.user)
         coordinator = self.state.coordinator
         held = await coordinator.hold_for_switch(conversation.id)
-        try:
+        holding = True
+
+        def choose() -> None:
             conversation.switch(message_id)
             conversation.broadcast_text(conversation.path_frame())
-            coordinator.switched(conversation)
-            stored = self.state.store.choose_path(conversation.record)
+
+        try:
+            choose()
+            # Written over the path version this copy knows. Refused if another was stored meanwhile (a
+            # turn that another replica ended before this one read it): then, while the lease is held,
+            # chosen again on the copy read afresh, and written over the stored one (pocketchat/paths.py).
+            stored = self.state.hub.paths.choose(conversation, Again(lambda: holding, choose)).done
             if held is not None:
                 # With replicas, held until the write lands (2 s at most: a database that does not answer
-                # keeps it, and writes it when it recovers), so that no turn's write of the path lands
-                # before it. One process writes in order: nothing to wait for.
+                # keeps it, and writes it when it recovers, unless a later path was stored by then), so
+                # that no turn's write of the path lands before it. One process writes in order: nothing
+                # to wait for.
                 with contextlib.suppress(StorageError, TimeoutError):
                     await asyncio.wait_for(asyncio.shield(stored), SAVE_WAIT_SECONDS)
         finally:
+            holding = False
             await coordinator.let_go(conversation.id, held)
 
     async def _images(self, conversation: Conversation, ids: list[str]) -> list[ImageRecord]:

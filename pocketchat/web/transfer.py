@@ -8,6 +8,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
+from pocketchat.errors import StorageError, Unavailable
 from pocketchat.records import possible_id
 from pocketchat.state import chat_state
 from pocketchat.transfer.imports import ImportRunning
@@ -68,6 +69,8 @@ async def start_import(request: Request) -> JSONResponse:
             raise HTTPException(bad.status, bad.message) from None
         except ImportRunning as running:
             raise HTTPException(409, str(running)) from None
+        except Unavailable as unavailable:
+            raise HTTPException(503, unavailable.message) from None
         finally:
             await file.close()
     return JSONResponse(job.to_wire(), status_code=202)
@@ -78,7 +81,10 @@ async def import_progress(request: Request, import_id: str) -> dict[str, Any]:
     """How far the user's import got: `status` importing, done or failed (with `error`: then nothing
     of it was kept)."""
     imports = chat_state(request.app).imports
-    state = await imports.state(import_id, user_of(request)) if possible_id(import_id) else None
+    try:
+        state = await imports.state(import_id, user_of(request)) if possible_id(import_id) else None
+    except (StorageError, Unavailable) as error:  # the database, which every replica asks, does not answer
+        raise HTTPException(503, error.message) from None
     if state is None:
         raise HTTPException(404, "No import of yours has that id.")
     return state
