@@ -12,6 +12,7 @@ from nodes import (
     BuildPrompt,
     ChunkDocument,
     EmbedChunks,
+    NameConversation,
     ReadImages,
     RetrieveDocuments,
     RunTools,
@@ -31,7 +32,7 @@ def create_chat_flow(settings: Settings) -> AsyncFlow:
     model), what runs after a complete reply, and the reply recorded whatever its end."""
     before_the_model = [TitleConversation(), RetrieveDocuments(), ReadImages(), BuildPrompt()]
     # Nodes for complete replies, in order; each may fail without failing the reply (a `failed` step says so).
-    after_a_complete_reply: list[AsyncNode] = []
+    after_a_complete_reply: list[AsyncNode] = [NameConversation()]
     chat = StreamChat(max_retries=settings.retries, wait=settings.retry_wait)
     run_tools = RunTools()
     save = SaveReply()

@@ -5,6 +5,8 @@ Nodes never touch a socket: what the browser should see goes to `shared["log"]`,
 which every attached socket follows. A node shows itself in the page with `log.append_step(...)`.
 """
 
+import asyncio
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,23 +31,22 @@ from utils.llm_stream import ChatProvider, Sampling, StopSignal, StreamResult, T
 from utils.prompt import PromptMessage, Snippet, build_prompt, data_url, images_to_send
 from utils.read_document import Page
 from utils.retrieval import VectorCache, retrieve
+from utils.titles import first_line_title, title_for
 from utils.usage import TurnUsage
+
+logger = logging.getLogger("pocketchat")
 
 
 class TitleConversation(AsyncNode):
-    """Name a conversation after its first user message, once."""
+    """Name a conversation after its first user message, once (NameConversation names it better after the
+    first reply)."""
 
     async def prep_async(self, shared: dict[str, Any]) -> str | None:
         conversation: Conversation = shared["conversation"]
         return None if conversation.record.title else shared["turn"].user_message.content
 
     async def exec_async(self, first_message: str | None) -> str | None:
-        if first_message is None:
-            return None
-        line = " ".join(first_message.split())
-        if not line:
-            return None  # images alone: the next message with text names it
-        return line if len(line) <= 60 else line[:59].rstrip() + "…"
+        return None if first_message is None else first_line_title(first_message)
 
     async def post_async(self, shared: dict[str, Any], first_message: str | None, title: str | None) -> None:
         if title is None:
@@ -57,6 +58,57 @@ class TitleConversation(AsyncNode):
         # conversation has no title yet: a rename on another replica meanwhile wins.
         shared["store"].name_conversation(conversation.record)
         shared["log"].append(protocol.conversation(conversation.record))
+
+
+@dataclass
+class TitleRequest:
+    provider: ChatProvider
+    model: str
+    first_message: str
+    reply: str
+    stop: StopSignal
+    placeholder: str  # the title it has now: its first message's start
+
+
+TITLE_SECONDS = 15.0  # the turn ends when its last node does: a title is not worth a longer wait
+
+
+class NameConversation(AsyncNode):
+    """After a conversation's first complete reply, ask its model for a title of a few words, in place of
+    its first message's start (unless someone renamed it meanwhile, on any replica)."""
+
+    async def prep_async(self, shared: dict[str, Any]) -> TitleRequest | None:
+        conversation: Conversation = shared["conversation"]
+        turn: Turn = shared["turn"]
+        placeholder = first_line_title(turn.user_message.content)
+        if (
+            turn.kind != "message"
+            or turn.user_message.parent_id is not None
+            or conversation.record.title != placeholder
+        ):
+            return None  # not its first reply, or no longer the title its first message gave it
+        model = turn.reply.meta.get("model") or conversation.record.model
+        return TitleRequest(
+            shared["provider"], model, turn.user_message.content, turn.reply.content, turn.stop, placeholder
+        )
+
+    async def exec_async(self, request: TitleRequest | None) -> str | None:
+        if request is None:
+            return None
+        async with asyncio.timeout(TITLE_SECONDS):
+            return await title_for(request.provider, request.model, request.first_message, request.reply, request.stop)
+
+    async def exec_fallback_async(self, request: TitleRequest | None, exc: Exception) -> str | None:
+        logger.info("no title from the model (%s): the first message's start stays", type(exc).__name__)
+        return None  # the placeholder is a title too
+
+    async def post_async(self, shared: dict[str, Any], request: TitleRequest | None, title: str | None) -> None:
+        record = shared["conversation"].record
+        if request is None or title is None or title == request.placeholder or record.title != request.placeholder:
+            return
+        record.title = title
+        shared["store"].name_conversation(record, replacing=request.placeholder)
+        shared["log"].append(protocol.conversation(record))
 
 
 @dataclass

@@ -18,7 +18,15 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from utils.titles import ASK as TITLE_ASK
+
 MODELS = ["fake-model", "fake-model-large"]
+
+
+def asks_a_title(request: dict[str, Any]) -> bool:
+    """Whether a chat request asks for a conversation's title (NameConversation's), not for a reply."""
+    messages = (request.get("json") or {}).get("messages") or [{}]
+    return messages[0].get("role") == "system" and messages[0].get("content") == TITLE_ASK
 
 
 @dataclass
@@ -79,6 +87,9 @@ class FakeOpenAI:
     def __init__(self, default: Reply | None = None) -> None:
         self.default = default or Reply()
         self.script: deque[Reply] = deque()
+        # A conversation's title, asked after its first reply (utils/titles.py), is answered from a script
+        # of its own: a test of replies scripts what it tests, whatever else the flow asks.
+        self.titles: deque[Reply] = deque()
         self.requests: list[dict[str, Any]] = []
         self.hangups = 0
         self.completed = 0
@@ -95,7 +106,12 @@ class FakeOpenAI:
 
     @property
     def chat_requests(self) -> list[dict[str, Any]]:
-        return [r for r in self.requests if r["path"].endswith("/chat/completions")]
+        """The chat requests of replies (a title's aside: `title_requests`)."""
+        return [r for r in self.requests if r["path"].endswith("/chat/completions") and not asks_a_title(r)]
+
+    @property
+    def title_requests(self) -> list[dict[str, Any]]:
+        return [r for r in self.requests if r["path"].endswith("/chat/completions") and asks_a_title(r)]
 
     async def start(self, host: str = "127.0.0.1", port: int = 0) -> None:
         # asyncio's default backlog of 100 drops connections when hundreds of streams start at once
@@ -152,7 +168,10 @@ class FakeOpenAI:
             ]
             self._json(writer, 200, {"object": "list", "data": data, "model": request["json"]["model"]})
         elif method == "POST" and path.endswith("/chat/completions"):
-            reply = self.script.popleft() if self.script else self.default
+            if asks_a_title(request):
+                reply = self.titles.popleft() if self.titles else Reply(tokens=["A ", "fake ", "title"])
+            else:
+                reply = self.script.popleft() if self.script else self.default
             if reply.calls and request["json"].get("tool_choice") == "none":
                 reply = Reply(tokens=reply.tokens, count=reply.count, pace=reply.pace)  # it may not call tools
             if reply.hang_up:

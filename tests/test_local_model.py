@@ -385,3 +385,15 @@ def test_two_conversations_streaming_at_once_both_complete(local_app):
     a_frames, b_frames = a.until("turn_end", MODEL_WAIT), b.until("turn_end", MODEL_WAIT)
     assert a_frames[-1]["status"] == b_frames[-1]["status"] == "complete"
     assert any(f["type"] == "queued" for f in a_frames + b_frames)
+
+
+@pytest.mark.timeout(LOADED)
+def test_the_embedded_model_names_a_conversation_or_its_first_message_does(local_app):
+    client = local_app.client()
+    conversation_id = client.hello()["conversation_id"]
+    frames = client.turn("Name three colors.", timeout=MODEL_WAIT)
+    assert frames[-1]["status"] == "complete"
+    assert not [f for f in frames if f["type"] == "step" and f["kind"] == "failed"]
+    titles = [f["title"] for f in frames if f["type"] == "conversation"]
+    assert titles[0] == "Name three colors." and all(title.strip() for title in titles) and len(titles[-1]) <= 60
+    assert local_app.get(f"/api/conversations/{conversation_id}")["title"] == titles[-1]

@@ -52,19 +52,32 @@ def test_the_flow_streams_into_the_channel_and_records_the_turn(fake, tmp_path):
     ]
 
 
-def test_the_title_node_names_a_new_conversation_once(fake, tmp_path):
+def test_a_new_conversation_is_named_by_its_first_message_then_by_its_model_in_a_few_words(fake, tmp_path):
+    fake.titles.append(Reply(tokens=['Title: "Rome ', "trip ", 'plan."\nMore words']))
     _, _, frames, stored = asyncio.run(run_one_turn(fake, tmp_path / "c.db", "Plan a   trip\nto Rome"))
-    assert next(f for f in frames if f["type"] == "conversation") == {
+    named = [f for f in frames if f["type"] == "conversation"]
+    assert named[0] == {
         "type": "conversation",
         "conversation_id": stored[0].id,
         "session_id": stored[0].id,
-        "title": "Plan a trip to Rome",
+        "title": "Plan a trip to Rome",  # at once, while the reply streams
         "model": "fake-model",
         "system_prompt": "Be brief.",
         "tools_off": [],
         "sampling": {},
     }
-    assert stored[0].title == "Plan a trip to Rome"
+    assert [f["title"] for f in named[1:]] == ["Rome trip plan"]  # after the first reply, by its model
+    assert stored[0].title == "Rome trip plan"
+    (asked,) = fake.title_requests
+    assert "Plan a   trip\nto Rome" in asked["json"]["messages"][1]["content"]
+
+
+def test_a_model_that_gives_no_title_leaves_the_first_messages_start(fake, tmp_path):
+    fake.titles.append(Reply(status=500, message="no titles today"))
+    _, turn, frames, stored = asyncio.run(run_one_turn(fake, tmp_path / "c.db", "Plan a trip to Rome"))
+    assert [f["title"] for f in frames if f["type"] == "conversation"] == ["Plan a trip to Rome"]
+    assert stored[0].title == "Plan a trip to Rome" and turn.reply.status == "complete"
+    assert not [f for f in frames if f["type"] == "step" and f["kind"] == "failed"]
 
 
 def test_a_failed_turn_is_recorded_as_failed_not_left_dangling(fake, tmp_path):

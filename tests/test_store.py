@@ -929,6 +929,32 @@ def test_a_change_writes_only_its_fields_and_a_turn_names_only_an_untitled_conve
     assert asyncio.run(scenario()) == ("Renamed here", "m2", "p")
 
 
+def test_the_models_title_replaces_the_first_messages_and_nothing_else(store):
+    """NameConversation's write says what it replaces: a rename on another replica meanwhile wins."""
+
+    async def scenario():
+        async with opened(store) as one, opened(store, sweep_streaming=False) as two:
+            named, renamed = (
+                ConversationRecord(model="m", system_prompt=""),
+                ConversationRecord(model="m", system_prompt=""),
+            )
+            titles = []
+            for record in (named, renamed):
+                await one.create_conversation(record)
+                record.title = "Plan a trip to Rome"
+                await one.name_conversation(record)
+            there = ConversationRecord(**renamed.__dict__)
+            there.title = "My own name for it"
+            await two.update_conversation(there, ["title"])  # a rename, on another replica
+            for record in (named, renamed):
+                record.title = "Rome trip plan"
+                await one.name_conversation(record, replacing="Plan a trip to Rome")
+                titles.append((await one.load(record.id))[0].title)
+            return titles
+
+    assert asyncio.run(scenario()) == ["Rome trip plan", "My own name for it"]
+
+
 def test_a_deleted_conversation_is_never_stored_again(store):
     """A replica's first turn of a conversation may reach the database after another replica deleted
     it: it stores nothing (the conversation's later writes fail alone)."""

@@ -424,6 +424,7 @@ def test_search_and_read_document_find_the_users_own_conversations_and_documents
     assert upload(app, alices, "alice.md", b"Alice's vault code is 7741; keep it safe.", **alice)[0] == 201
     wait_indexed(app, alices, **alice)
     bob_client, _ = new_conversation(app, **bob)
+    fake.titles.append(Reply(tokens=["Bob's vault"]))  # the model names it after the first reply
     bob_client.turn("My own vault has no code at all.")
 
     def ask(client: ChatClient, call: Call) -> dict[str, Any]:
@@ -434,7 +435,7 @@ def test_search_and_read_document_find_the_users_own_conversations_and_documents
 
     found = json.loads(ask(bob_client, Call("search_conversations", {"query": "vault code"}))["result"])
     assert [(hit["conversation"], hit["excerpt"]) for hit in found] == [
-        ("My own vault has no code at all.", "My own vault has no code at all.")
+        ("Bob's vault", "My own vault has no code at all.")
     ]
     assert ask(bob_client, Call("search_conversations", {"query": "7741"}))["result"] == "Nothing found."
     error = ask(bob_client, Call("read_document", {"name": "alice.md"}))["error"]

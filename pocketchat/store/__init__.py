@@ -54,7 +54,7 @@ class Store(Protocol):
     ) -> asyncio.Future[Any]:
         """Write these fields of the record (of `RECORD_FIELDS`), and only these."""
 
-    def name_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
+    def name_conversation(self, record: ConversationRecord, replacing: str | None = None) -> asyncio.Future[Any]:
         """Write the record's title if the stored conversation has none yet (a turn naming it)."""
 
     async def delete_conversation(self, conversation_id: str) -> bool: ...

@@ -255,9 +255,9 @@ class PostgresStore(
         row = (record.id, record.updated_at, *(record.column(name) for name in names))
         return lambda db: db.execute(query, *row)
 
-    def _name(self, record: ConversationRecord) -> Work[str]:
-        query = "UPDATE conversations SET title = $1, updated_at = $2 WHERE id = $3 AND title IS NULL"
-        row = (record.title, record.updated_at, record.id)
+    def _name(self, record: ConversationRecord, replacing: str | None) -> Work[str]:
+        query = "UPDATE conversations SET title = $1, updated_at = $2 WHERE id = $3 AND title IS NOT DISTINCT FROM $4"
+        row = (record.title, record.updated_at, record.id, replacing)
         return lambda db: db.execute(query, *row)
 
     def _delete(self, conversation_id: str) -> Work[bool]:

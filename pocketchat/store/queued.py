@@ -56,10 +56,12 @@ class QueuedStore(WriteQueue[D]):
         names = [name for name in RECORD_FIELDS if name in fields]  # named here, never by the caller
         return self._write(self._update(record, names), record.id)
 
-    def name_conversation(self, record: ConversationRecord) -> asyncio.Future[Any]:
-        """Write the record's title if the stored conversation has none yet (a turn naming it)."""
+    def name_conversation(self, record: ConversationRecord, replacing: str | None = None) -> asyncio.Future[Any]:
+        """Write the record's title if the stored one is still `replacing` (none, for the first: a turn naming
+        the conversation; its first message's start, for the model's title after it): a rename meanwhile, on
+        any replica, wins."""
         record.updated_at = time.time()
-        return self._write(self._name(record), record.id)
+        return self._write(self._name(record, replacing), record.id)
 
     async def delete_conversation(self, conversation_id: str) -> bool:
         # Not written again later: the caller tells the user it failed, and the conversation stays.
@@ -145,8 +147,8 @@ class QueuedStore(WriteQueue[D]):
         """Write `updated_at` and the fields `names` of the record."""
         raise NotImplementedError
 
-    def _name(self, record: ConversationRecord) -> Work:
-        """Write the title and `updated_at` if the stored conversation has no title yet."""
+    def _name(self, record: ConversationRecord, replacing: str | None) -> Work:
+        """Write the title and `updated_at` if the stored title is still `replacing` (NULL for None)."""
         raise NotImplementedError
 
     def _delete(self, conversation_id: str) -> Work:

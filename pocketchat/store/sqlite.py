@@ -286,9 +286,9 @@ class SqliteStore(SqliteShares, SqliteAttachments, SqliteSearch, SqliteTransfer,
         row = (record.updated_at, *(record.column(name) for name in names), record.id)
         return lambda db: db.execute(query, row)
 
-    def _name(self, record: ConversationRecord) -> Work[Any]:
-        query = "UPDATE conversations SET title = ?, updated_at = ? WHERE id = ? AND title IS NULL"
-        row = (record.title, record.updated_at, record.id)
+    def _name(self, record: ConversationRecord, replacing: str | None) -> Work[Any]:
+        query = "UPDATE conversations SET title = ?, updated_at = ? WHERE id = ? AND title IS ?"
+        row = (record.title, record.updated_at, record.id, replacing)
         return lambda db: db.execute(query, row)
 
     def _delete(self, conversation_id: str) -> Work[bool]:
