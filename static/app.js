@@ -21,7 +21,8 @@ const OLD_CONVERSATION_KEY = "pocketchat.session"; // where an earlier page kept
 const $ = (id) => document.getElementById(id);
 
 const ui = {
-  input: $("input"), send: $("send"), composer: $("composer"), title: $("title"),
+  input: $("input"), send: $("send"), sendLabel: $("send").querySelector(".label"), composer: $("composer"),
+  hint: $("composer-hint"), title: $("title"),
   promptSummary: $("system-prompt-summary"),
   modelPicker: $("model-picker"), exportLink: $("export"), exportJson: $("export-json"),
   banner: $("banner"), bannerText: $("banner-text"), announcer: $("announcer"),
@@ -255,7 +256,8 @@ function showNotice(text) {
 }
 
 function setStreaming(streaming) {
-  ui.send.textContent = streaming ? "Stop" : "Send";
+  ui.sendLabel.textContent = streaming ? "Stop" : "Send";
+  if (!streaming) ui.hint.textContent = "";
   ui.send.classList.toggle("stop", streaming);
   ui.send.setAttribute("aria-label", streaming ? "Stop the reply" : "Send message");
   lockVersions($("transcript"), streaming);
@@ -471,7 +473,10 @@ ui.composer.addEventListener("submit", (event) => { event.preventDefault(); subm
 ui.input.addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
     event.preventDefault();
-    submit();
+    // While a reply streams, Enter neither sends nor stops (as in ChatGPT): the message waits in the box,
+    // and only Stop or Escape end the reply.
+    if (state.running) ui.hint.textContent = "Still replying: your message waits here until the reply ends (Esc stops it).";
+    else submit();
   }
 });
 ui.input.addEventListener("input", autosize);
