@@ -91,8 +91,8 @@ def test_a_reply_streams_in_as_markdown_with_a_working_copy_button(page: Page, f
     reply = replies(page).last
     expect(reply.locator("table td").first).to_have_text("apple")
     expect(reply.locator("pre code.hljs.language-python")).to_contain_text("print('copy me')")
-    reply.locator("pre button.copy").click()
-    expect(reply.locator("pre button.copy")).to_have_text("Copied")
+    reply.locator(".code-block button.copy").click()
+    expect(reply.locator(".code-block button.copy")).to_have_text("Copied")
     assert page.evaluate("navigator.clipboard.readText()") == "print('copy me')\n"
     expect(reply.locator(".meta")).to_contain_text("fake-model")
     expect(reply.locator(".meta")).to_contain_text("tokens/s")
