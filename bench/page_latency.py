@@ -81,18 +81,18 @@ def opened(browser: Browser, app: AppProcess) -> Page:
     page.add_init_script(WATCH_ENTER)
     page.goto("/")
     expect(page.locator("#send")).to_be_enabled()
-    page.wait_for_load_state("load")
+    page.wait_for_load_state("networkidle")  # every request the page makes at its start has ended
     return page
 
 
 def measure(browser: Browser, app: AppProcess, turns: int, runs: Runs) -> None:
-    """One cold load (its first paint and weight), a reload's weight, then `turns` messages sent with Enter."""
+    """One cold load (its first paint and weight), a later visit's weight, then `turns` messages sent with Enter."""
     page = opened(browser, app)
     runs.first_paint.append(page.evaluate(FIRST_PAINT))
     runs.cold = page.evaluate(WEIGHT)
     page.goto("/")  # a later visit: what the cache saves
     expect(page.locator("#send")).to_be_enabled()
-    page.wait_for_load_state("load")
+    page.wait_for_load_state("networkidle")  # every request the page makes at its start has ended
     runs.later = page.evaluate(WEIGHT)
     for index in range(turns):
         page.locator("#input").fill(f"Say something short, number {index}")
