@@ -1,7 +1,9 @@
 // The page: one conversation on screen, a sidebar of all of them, one WebSocket to the server.
 // docs/protocol.md is the contract for every frame handled here.
+import { Composer } from "./composer.js";
 import { Connection } from "./connection.js";
 import { Documents } from "./documents.js";
+import { Drawer } from "./drawer.js";
 import { ImageTray, isImage } from "./images.js";
 import { Importer } from "./import.js";
 import { copyCode } from "./markdown.js";
@@ -10,10 +12,11 @@ import { readSampling, samplingSummary, showSampling } from "./sampling.js";
 import { initSearch } from "./search.js";
 import { SharePanel } from "./share.js";
 import { Shortcuts } from "./shortcuts.js";
+import { ConversationList } from "./sidebar.js";
 import { ToolsPanel } from "./tools.js";
 import { Transcript } from "./transcript.js";
 import { acceptFiles } from "./uploads.js";
-import { lockVersions, makeRoomAfter, showPath, switchFrame } from "./versions.js";
+import { lockVersions, makeRoomAfter, showPath, startEdit, switchFrame } from "./versions.js";
 import { Welcome } from "./welcome.js";
 
 const CONVERSATION_KEY = "pocketchat.conversation";
@@ -21,13 +24,11 @@ const OLD_CONVERSATION_KEY = "pocketchat.session"; // where an earlier page kept
 const $ = (id) => document.getElementById(id);
 
 const ui = {
-  input: $("input"), send: $("send"), composer: $("composer"), title: $("title"),
+  input: $("input"), title: $("title"),
   promptSummary: $("system-prompt-summary"),
   modelPicker: $("model-picker"), exportLink: $("export"), exportJson: $("export-json"),
   banner: $("banner"), bannerText: $("banner-text"), announcer: $("announcer"),
-  list: $("conversation-list"), sidebar: $("sidebar"), toggleSidebar: $("toggle-sidebar"),
   promptDialog: $("system-prompt-dialog"), promptInput: $("system-prompt-input"),
-  deleteDialog: $("delete-dialog"), deleteTitle: $("delete-title"),
 };
 
 const state = {
@@ -35,7 +36,6 @@ const state = {
   conversation: null, // {title, model, system_prompt}
   provider: null, // ready.provider: who answers
   running: null, // {turnId, seq, view}
-  lastSent: null, // the last message sent, put back in the box if the server refuses it
   closeEdit: null, // closes the editor of the edit sent, once its turn starts (a refused one stays open)
   models: [],
   vision: null, // the models that see images (null: not known yet)
@@ -46,11 +46,14 @@ const transcript = new Transcript($("transcript"), $("scroller"), $("jump"));
 const documents = new Documents($("documents"), (text) => showNotice(text), signIn);
 const images = new ImageTray($("images"), $("images-note"), (text) => showNotice(text), signIn);
 const connection = new Connection(onFrame, helloFrame, showConnection, signIn);
-new Importer($("import"), $("import-picker"), $("import-status"), signIn, () => refreshSidebar());
+const composer = new Composer({
+  send: (frame) => connection.send(frame), running: () => state.running, images: () => images.ids(),
+});
+new Importer($("import"), $("import-picker"), $("import-status"), signIn, () => sidebar.refresh());
 const tools = new ToolsPanel($("tools-button"), $("tools-dialog"), (off) => changeConversation({ tools_off: off }));
 const welcome = new Welcome($("welcome"), $("transcript"), $("model-notice"), (prompt) => {
-  ui.input.value = prompt;
-  submit();
+  composer.put(prompt);
+  composer.submit();
 });
 const shortcuts = new Shortcuts($("shortcuts-dialog"), {
   newChat,
@@ -58,6 +61,10 @@ const shortcuts = new Shortcuts($("shortcuts-dialog"), {
   focusInput: () => ui.input.focus(),
 });
 new MenuButton($("menu-button"), $("page-menu"));
+const drawer = new Drawer($("sidebar"), $("toggle-sidebar"), $("sidebar-backdrop"), document.querySelector(".main"));
+const sidebar = new ConversationList({
+  api, open: openConversation, current: () => state.conversationId, onError: (text) => showNotice(text),
+});
 new SharePanel($("share-button"), $("share-dialog"), () => state.conversationId, signIn);
 
 /** Not signed in (no session, or it was revoked): the sign-in page. */
@@ -99,7 +106,7 @@ const handlers = {
       state.running = { turnId: frame.running.turn_id, seq: frame.running.seq, view };
     }
     setStreaming(Boolean(state.running));
-    refreshSidebar();
+    sidebar.refresh();
     documents.open(frame.conversation_id);
     images.open(frame.conversation_id);
     tools.refresh(); // a server may have failed, or come back, since
@@ -110,7 +117,7 @@ const handlers = {
   },
 
   turn_start(frame) {
-    state.lastSent = null; // accepted
+    composer.lastSent = null; // accepted
     state.closeEdit?.();
     state.closeEdit = null;
     images.sent(frame.message.images ?? []);
@@ -177,7 +184,7 @@ const handlers = {
     transcript.refreshActions();
     setStreaming(false);
     announce(frame.status === "complete" ? "The reply is complete." : `The reply ${frame.status === "error" ? "failed" : "was stopped"}.`);
-    refreshSidebar();
+    sidebar.refresh();
   },
 
   error(frame) {
@@ -190,10 +197,7 @@ const handlers = {
       // its editor, and the notice says why: how long to wait, that the model cannot see images, or
       // that an import still writes this conversation.
       state.closeEdit = null;
-      if (state.lastSent && !ui.input.value) {
-        ui.input.value = state.lastSent;
-        autosize();
-      }
+      composer.refused();
       showNotice(frame.retry_after ? `${frame.message} Try again in ${frame.retry_after} s.` : frame.message);
       announce(`Not sent: ${frame.message}`);
       return;
@@ -208,12 +212,12 @@ const handlers = {
 
   conversation(frame) {
     if (frame.conversation_id === state.conversationId) showConversation(frame);
-    refreshSidebar();
+    sidebar.refresh();
   },
 
   deleted(frame) {
     if (frame.conversation_id === state.conversationId) newChat();
-    refreshSidebar();
+    sidebar.refresh();
   },
 };
 
@@ -255,15 +259,13 @@ function showNotice(text) {
 }
 
 function setStreaming(streaming) {
-  ui.send.textContent = streaming ? "Stop" : "Send";
-  ui.send.classList.toggle("stop", streaming);
-  ui.send.setAttribute("aria-label", streaming ? "Stop the reply" : "Send message");
+  composer.setStreaming(streaming);
   lockVersions($("transcript"), streaming);
 }
 
 function showConnection({ connected, attempt, retryInMs }) {
   ui.banner.hidden = connected;
-  ui.send.disabled = !connected; // what is typed stays in the box until the server is back
+  composer.setConnected(connected);
   if (!connected) {
     const seconds = Math.ceil(retryInMs / 1000);
     ui.bannerText.textContent = seconds > 0
@@ -272,12 +274,7 @@ function showConnection({ connected, attempt, retryInMs }) {
   }
 }
 
-function autosize() {
-  ui.input.style.height = "auto";
-  ui.input.style.height = `${Math.min(ui.input.scrollHeight, window.innerHeight * 0.4)}px`;
-}
-
-// ---- the sidebar --------------------------------------------------------------------------
+// ---- opening conversations ------------------------------------------------------------------
 
 async function api(method, path, body) {
   const response = await fetch(path, {
@@ -288,46 +285,16 @@ async function api(method, path, body) {
   return response.status === 204 ? null : response.json();
 }
 
-async function refreshSidebar() {
-  let conversations;
-  try {
-    ({ conversations } = await api("GET", "/api/conversations"));
-  } catch {
-    return; // the banner already says the server is unreachable
-  }
-  ui.list.replaceChildren(...conversations.map((c) => {
-    const item = document.createElement("li");
-    item.dataset.id = c.id;
-    const open = document.createElement("button");
-    open.type = "button";
-    open.className = "open";
-    open.textContent = c.title || "New chat";
-    if (c.id === state.conversationId) open.setAttribute("aria-current", "page");
-    const rename = document.createElement("button");
-    rename.type = "button";
-    rename.className = "rename icon";
-    rename.textContent = "✎";
-    rename.setAttribute("aria-label", `Rename “${c.title || "New chat"}”`);
-    const remove = document.createElement("button");
-    remove.type = "button";
-    remove.className = "delete icon";
-    remove.textContent = "✕";
-    remove.setAttribute("aria-label", `Delete “${c.title || "New chat"}”`);
-    item.append(open, rename, remove);
-    return item;
-  }));
-}
-
 function openConversation(id) {
+  drawer.close();
   if (id === state.conversationId) return;
   state.conversationId = id;
   connection.send({ type: "hello", conversation_id: id });
-  closeSidebarOnPhone();
 }
 
 /** Open a search hit: its conversation, scrolled to its message. */
 function openHit(conversationId, messageId) {
-  closeSidebarOnPhone();
+  drawer.close();
   if (conversationId === state.conversationId) {
     if (messageId) revealHit(messageId);
     return;
@@ -347,48 +314,8 @@ function newChat() {
   state.conversationId = null;
   localStorage.removeItem(CONVERSATION_KEY);
   connection.send({ type: "hello" });
-  closeSidebarOnPhone();
+  drawer.close();
   ui.input.focus();
-}
-
-function startRename(item) {
-  const open = item.querySelector(".open");
-  const input = document.createElement("input");
-  input.className = "rename-input";
-  input.value = open.textContent;
-  input.setAttribute("aria-label", "New title");
-  open.replaceWith(input);
-  input.select();
-  let done = false;
-  const finish = async (save) => {
-    if (done) return;
-    done = true;
-    const title = input.value.trim();
-    if (save && title) await api("PATCH", `/api/conversations/${item.dataset.id}`, { title }).catch((e) => showNotice(e.message));
-    refreshSidebar();
-  };
-  input.addEventListener("keydown", (event) => {
-    if (event.key === "Enter") finish(true);
-    if (event.key === "Escape") finish(false);
-  });
-  input.addEventListener("blur", () => finish(true));
-}
-
-function confirmDelete(item) {
-  ui.deleteTitle.textContent = item.querySelector(".open")?.textContent || "New chat";
-  ui.deleteDialog.returnValue = "";
-  ui.deleteDialog.showModal();
-  ui.deleteDialog.addEventListener("close", async () => {
-    if (ui.deleteDialog.returnValue !== "delete") return;
-    // The server tells this page with a `deleted` frame if it was showing that conversation.
-    await api("DELETE", `/api/conversations/${item.dataset.id}`).catch((e) => showNotice(e.message));
-    refreshSidebar();
-  }, { once: true });
-}
-
-function closeSidebarOnPhone() {
-  ui.sidebar.classList.remove("open");
-  ui.toggleSidebar.setAttribute("aria-expanded", "false");
 }
 
 // ---- the header: model and system prompt --------------------------------------------------
@@ -415,66 +342,8 @@ function changeConversation(changes) {
   api("PATCH", `/api/conversations/${state.conversationId}`, changes).catch((e) => showNotice(e.message));
 }
 
-// ---- the composer -------------------------------------------------------------------------
-
-function submit() {
-  if (state.running) {
-    connection.send({ type: "stop", turn_id: state.running.turnId });
-    return;
-  }
-  const content = ui.input.value;
-  const attached = images.ids(); // they stay above the box until the turn starts with them
-  if (!content.trim() && attached.length === 0) return;
-  // The text leaves the box only once it is on its way: nothing typed is lost while offline.
-  if (connection.send({ type: "message", content, ...(attached.length ? { images: attached } : {}) })) {
-    state.lastSent = content;
-    ui.input.value = "";
-    autosize();
-  }
-}
-
-function startEdit(view) {
-  const box = document.createElement("textarea");
-  box.className = "edit-box";
-  box.value = view.message.content;
-  box.setAttribute("aria-label", "Edit your message");
-  const save = document.createElement("button");
-  save.type = "button";
-  save.className = "primary";
-  save.textContent = "Send edited";
-  const cancel = document.createElement("button");
-  cancel.type = "button";
-  cancel.textContent = "Cancel";
-  const editor = document.createElement("div");
-  editor.className = "editor";
-  editor.append(box, save, cancel);
-  view.body.hidden = true;
-  view.root.insertBefore(editor, view.body);
-  box.focus();
-  const close = () => { editor.remove(); view.body.hidden = false; };
-  cancel.addEventListener("click", close);
-  save.addEventListener("click", () => {
-    if (box.value.trim() && connection.send({ type: "edit", message_id: view.id, content: box.value })) {
-      state.lastSent = null; // an edit is not put back in the message box
-      state.closeEdit = close;
-    }
-  });
-  box.addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); save.click(); }
-    if (event.key === "Escape") close();
-  });
-}
-
 // ---- wiring -------------------------------------------------------------------------------
 
-ui.composer.addEventListener("submit", (event) => { event.preventDefault(); submit(); });
-ui.input.addEventListener("keydown", (event) => {
-  if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
-    event.preventDefault();
-    submit();
-  }
-});
-ui.input.addEventListener("input", autosize);
 $("attach").addEventListener("click", () => $("file-picker").click());
 acceptFiles($("file-picker"), document.querySelector(".main"), ui.input, (files) => {
   // Images go with the next message; any other file is a document of the conversation.
@@ -483,30 +352,23 @@ acceptFiles($("file-picker"), document.querySelector(".main"), ui.input, (files)
 });
 $("new-chat").addEventListener("click", newChat);
 $("reconnect-now").addEventListener("click", () => connection.reconnectNow());
-ui.toggleSidebar.addEventListener("click", () => {
-  const open = ui.sidebar.classList.toggle("open");
-  ui.toggleSidebar.setAttribute("aria-expanded", String(open));
-});
-ui.list.addEventListener("click", (event) => {
-  const button = event.target.closest("button");
-  const item = event.target.closest("li");
-  if (!button || !item) return;
-  if (button.classList.contains("open")) openConversation(item.dataset.id);
-  else if (button.classList.contains("rename")) startRename(item);
-  else if (button.classList.contains("delete")) confirmDelete(item);
-});
 $("transcript").addEventListener("click", (event) => {
   const button = event.target.closest("button");
   if (!button) return;
   if (button.classList.contains("copy")) { copyCode(button); return; }
   const view = transcript.find(button.closest(".message")?.dataset.id);
-  if (button.dataset.action === "regenerate" && connection.send({ type: "regenerate" })) state.lastSent = null;
+  if (button.dataset.action === "regenerate" && connection.send({ type: "regenerate" })) composer.lastSent = null;
   if (button.dataset.action === "switch") connection.send(switchFrame(button));
-  if (button.dataset.action === "edit" && view) startEdit(view);
+  if (button.dataset.action === "edit" && view) {
+    startEdit(view, (content, close) => {
+      if (!connection.send({ type: "edit", message_id: view.id, content })) return;
+      composer.lastSent = null; // an edit is not put back in the message box
+      state.closeEdit = close;
+    });
+  }
   if (button.dataset.action === "copy-reply" && view) navigator.clipboard.writeText(view.message.content).catch(() => {});
   if (button.dataset.action === "suggestion") {
-    ui.input.value = button.textContent;
-    autosize();
+    composer.put(button.textContent);
     ui.input.focus();
   }
 });

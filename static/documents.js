@@ -1,7 +1,7 @@
 // The conversation's documents: attach (button, drag-and-drop, paste), see each one's state (a progress
 // bar while it is indexed, ready, failed with why), remove. The server tells every tab of a change with
 // a `document` frame (docs/protocol.md); the list is read again on each `ready`.
-import { element } from "./dom.js";
+import { counted, element } from "./dom.js";
 import { conversationRequest, reason, uploadEach } from "./uploads.js";
 
 export class Documents {
@@ -84,7 +84,7 @@ function drawn(document) {
   } else if (document.status === "failed") {
     state.textContent = `failed: ${document.error ?? "unknown reason"}`;
   } else {
-    state.textContent = `ready · ${document.chunks} passages`;
+    state.textContent = `ready · ${counted(document.chunks, "passage")}`;
   }
   const remove = element("button", "remove-document icon", "✕");
   remove.type = "button";

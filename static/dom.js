@@ -1,4 +1,4 @@
-// The one DOM helper the page's modules share.
+// The small helpers the page's modules share.
 
 /** A new element with a class and, if given, its text (always as text, never as markup). */
 export function element(tag, className, text) {
@@ -6,4 +6,9 @@ export function element(tag, className, text) {
   if (className) node.className = className;
   if (text !== undefined) node.textContent = text;
   return node;
+}
+
+/** A count and its noun, the noun plural unless the count is one: "1 passage", "1,200 conversations". */
+export function counted(count, noun, plural = `${noun}s`) {
+  return `${count.toLocaleString("en")} ${count === 1 ? noun : plural}`;
 }

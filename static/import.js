@@ -2,6 +2,7 @@
 // to the server, which checks it whole (a bad file is refused with why, and nothing is stored), then
 // writes its conversations in the background while this shows how far it got (docs/protocol.md,
 // `POST /api/imports`).
+import { counted } from "./dom.js";
 import { reason } from "./uploads.js";
 
 const POLL_MS = 400;
@@ -46,7 +47,7 @@ export class Importer {
   async follow(job) {
     let shown = 0;
     while (job.status === "importing") {
-      this.show(`Importing: ${job.imported.toLocaleString()} of ${job.total.toLocaleString()} conversations`, job);
+      this.show(`Importing: ${job.imported.toLocaleString("en")} of ${counted(job.total, "conversation")}`, job);
       if (job.imported > shown) {
         shown = job.imported;
         this.onImported();
@@ -65,9 +66,10 @@ export class Importer {
       this.show(job.error, null, true);
       return;
     }
-    const left = Object.entries(job.dropped).map(([kind, count]) => `${count.toLocaleString()} ${kind}`);
+    // The server names each kind in the plural ("tool calls"): its count follows it, right for one too.
+    const left = Object.entries(job.dropped).map(([kind, count]) => `${kind} (${count.toLocaleString("en")})`);
     const note = left.length ? ` Left out: ${left.join(", ")}.` : "";
-    this.show(`Imported ${job.imported.toLocaleString()} conversations.${note}`, job);
+    this.show(`Imported ${counted(job.imported, "conversation")}.${note}`, job);
   }
 
   show(text, job, failed = false) {

@@ -4,6 +4,7 @@
 import { marked } from "/vendor/marked@18.2.1/lib/marked.esm.js";
 import DOMPurify from "/vendor/dompurify@3.4.18/dist/purify.es.mjs";
 import hljs from "/vendor/@highlightjs/cdn-assets@11.12.0/es/highlight.min.js";
+import { element } from "./dom.js";
 
 const escapeHtml = (text) =>
   text.replace(/[&<>"']/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" })[c]);
@@ -167,27 +168,31 @@ function countFinished(tokens) {
 function draw(tokens) {
   const scratch = document.createElement("div");
   scratch.innerHTML = DOMPurify.sanitize(marked.parser(tokens), PURIFY);
-  for (const code of scratch.querySelectorAll("pre > code")) {
-    if (code.className.includes("language-")) {
-      hljs.highlightElement(code);
-    }
-    addCopyButton(code.parentElement);
-  }
+  for (const code of scratch.querySelectorAll("pre > code")) dressCode(code);
+  // A table or a code block wider than the column scrolls sideways: the keyboard can scroll it too.
+  for (const wide of scratch.querySelectorAll("pre, table")) wide.tabIndex = 0;
   return [...scratch.childNodes];
 }
 
-function addCopyButton(pre) {
-  const button = document.createElement("button");
-  button.type = "button";
-  button.className = "copy";
-  button.textContent = "Copy";
-  button.setAttribute("aria-label", "Copy code");
-  pre.prepend(button);
+/** A code block gets a bar above it: its language, said as the fence named it, and a Copy button, which
+ * then never covers the code (on a phone, it did). */
+function dressCode(code) {
+  const language = /\blanguage-(\S+)/.exec(code.className)?.[1];
+  if (language) hljs.highlightElement(code);
+  const pre = code.parentElement;
+  const block = element("div", "code-block");
+  const head = element("div", "code-head");
+  const copy = element("button", "copy", "Copy");
+  copy.type = "button";
+  copy.setAttribute("aria-label", "Copy code");
+  head.append(element("span", "code-language", language ?? "text"), copy);
+  pre.replaceWith(block);
+  block.append(head, pre);
 }
 
 /** Copy the code of the block whose Copy button was pressed (one listener for the whole page). */
 export async function copyCode(button) {
-  const code = button.parentElement.querySelector("code").textContent;
+  const code = button.closest(".code-block").querySelector("code").textContent;
   try {
     await navigator.clipboard.writeText(code);
     button.textContent = "Copied";

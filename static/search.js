@@ -2,7 +2,7 @@
 // and a palette (Ctrl+K or Cmd+K, or the `pocketchat:search` event), both over GET /api/search. A hit's
 // title and snippet are plain text with the ranges of the matching words: drawn as text nodes and
 // <mark> elements, never as markup.
-import { element } from "./dom.js";
+import { counted, element } from "./dom.js";
 import { reason } from "./uploads.js";
 
 const DEBOUNCE_MS = 150;
@@ -81,10 +81,10 @@ class Searcher {
   }
 }
 
-function statusText(results) {
+function statusText(results, query) {
   if (typeof results === "string") return results;
-  if (results.length === 0) return "No conversation holds these words.";
-  return `${results.length} conversation${results.length === 1 ? "" : "s"} found.`;
+  if (results.length === 0) return `No conversations match “${query.trim()}”.`;
+  return `${counted(results.length, "conversation")} found.`;
 }
 
 /** The sidebar's box: while it holds a query, its results replace the conversation list. */
@@ -111,7 +111,9 @@ class SidebarSearch {
     const searching = results !== null;
     this.conversations.hidden = searching;
     this.list.hidden = !searching;
-    this.status.textContent = searching ? statusText(results) : "";
+    this.status.textContent = searching ? statusText(results, this.input.value) : "";
+    // The count is for screen readers; that nothing matched, or the search failed, is for everyone to see.
+    this.status.classList.toggle("visually-hidden", !searching || (Array.isArray(results) && results.length > 0));
     this.list.replaceChildren(...(Array.isArray(results) ? results : []).map((hit) => {
       const button = element("button", "hit");
       button.type = "button";
@@ -198,7 +200,7 @@ class Palette {
     this.results = Array.isArray(results) ? results : [];
     this.active = -1;
     this.input.removeAttribute("aria-activedescendant");
-    this.status.textContent = results === null ? "Type words to find in your conversations." : statusText(results);
+    this.status.textContent = results === null ? "Type words to find in your conversations." : statusText(results, this.input.value);
     this.list.replaceChildren(...this.results.map((hit, index) => {
       const option = element("li", "hit");
       option.id = `palette-option-${index}`;

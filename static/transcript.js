@@ -117,11 +117,24 @@ export class Transcript {
     this.generation = 0;
     this.conversationId = null; // of the messages on screen: where their images are served
     this.stuck = true;
+    this.top = 0; // the scroll position at the last scroll event
+    // Only the user scrolling up unsticks the view, never the messages growing under it (the end of a
+    // reply, its actions appearing, can come between a scroll and its event); reaching the bottom sticks.
     scroller.addEventListener("scroll", () => {
-      this.stuck = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < STICK_PX;
+      const up = scroller.scrollTop < this.top;
+      this.top = scroller.scrollTop;
+      this.stuck = scroller.scrollHeight - scroller.scrollTop - scroller.clientHeight < STICK_PX || (this.stuck && !up);
       this.jumpButton.hidden = this.stuck;
     }, { passive: true });
     jumpButton.addEventListener("click", () => this.scrollToEnd());
+    // Whatever changes the size of the messages or of the view keeps it at the bottom while it sticks there:
+    // a reply growing, its actions appearing once it ends, the message box growing as one types, a tray
+    // above the box.
+    const follow = new ResizeObserver(() => {
+      if (this.stuck) this.scrollToEnd();
+    });
+    follow.observe(container);
+    follow.observe(scroller);
   }
 
   scrollToEnd() {
@@ -143,7 +156,6 @@ export class Transcript {
       const batch = this.views.slice(Math.max(end - BATCH, 0), end);
       for (const view of batch) view.render();
       this.container.prepend(...batch.map((view) => view.root));
-      if (this.stuck) this.scrollToEnd();
       await new Promise((resolve) => setTimeout(resolve, 0));
       if (generation !== this.generation) return;
     }
@@ -190,7 +202,6 @@ export class Transcript {
     this.container.append(view.root);
     view.render();
     this.refreshActions();
-    if (this.stuck) this.scrollToEnd();
     return view;
   }
 
@@ -205,7 +216,6 @@ export class Transcript {
     this.frame = null;
     for (const view of this.dirty) view.render();
     this.dirty.clear();
-    if (this.stuck) this.scrollToEnd();
   }
 
   /** Any user message can be edited (a new version of it) and the last reply regenerated, once nothing streams. */

@@ -1,6 +1,6 @@
-// Versions of a message: a reply answered again, or an edited message, is a new version beside the
-// earlier ones. A message with versions shows `‹ 2/3 ›`; an arrow asks the server to show another
-// (`switch`), and the server sends the new path (`path`) to every tab of the conversation.
+// Versions of a message: a reply answered again, or an edited message (its editor is here too), is a new
+// version beside the earlier ones. A message with versions shows `‹ 2/3 ›`; an arrow asks the server to
+// show another (`switch`), and the server sends the new path (`path`) to every tab of the conversation.
 import { element } from "./dom.js";
 
 /** Draw the `‹ i/n ›` of a message in `box` (nothing when it has one version); redrawn only on change. */
@@ -63,4 +63,31 @@ export function showPath(transcript, history) {
   while (same < views.length && same < history.length && views[same].id === history[same].id) same += 1;
   transcript.removeFrom(same);
   for (const message of history.slice(same)) transcript.append(message);
+}
+
+/** Edit a message of the user's in place: "Send edited" gives `send(content, close)` the new text (a new
+ * version of it, once sent; `close` closes the editor, called when its turn starts, so that a refused edit
+ * stays open); Cancel or Escape closes it. */
+export function startEdit(view, send) {
+  const box = element("textarea", "edit-box");
+  box.value = view.message.content;
+  box.setAttribute("aria-label", "Edit your message");
+  const save = element("button", "primary", "Send edited");
+  save.type = "button";
+  const cancel = element("button", "", "Cancel");
+  cancel.type = "button";
+  const editor = element("div", "editor");
+  editor.append(box, save, cancel);
+  view.body.hidden = true;
+  view.root.insertBefore(editor, view.body);
+  box.focus();
+  const close = () => { editor.remove(); view.body.hidden = false; };
+  cancel.addEventListener("click", close);
+  save.addEventListener("click", () => {
+    if (box.value.trim()) send(box.value, close);
+  });
+  box.addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey) { event.preventDefault(); save.click(); }
+    if (event.key === "Escape") close();
+  });
 }

@@ -253,3 +253,32 @@ def test_with_no_model_to_answer_the_banner_says_why_and_stays(browser: Browser,
     expect(page.locator("#welcome-model")).to_have_text("No model can answer yet: see the notice above.")
     under_test.context.close()
     assert under_test.errors == []
+
+
+@pytest.mark.parametrize("scheme", ["light", "dark"])
+def test_axe_finds_nothing_in_the_sidebar_and_the_message_box_on_a_phone(browser: Browser, app, fake, scheme: str):
+    under_test = PageUnderTest(
+        browser, app, color_scheme=scheme, viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True
+    )
+    under_test.context.add_init_script(path=AXE)
+    page = under_test.open()
+    fake.queue(Reply(count=400, pace=0.02))
+    send(page, "Tell me a long story")
+    expect(replies(page).last.locator(".body")).to_contain_text("tok3")
+    page.locator("#input").fill("a follow-up")
+    page.locator("#input").press("Enter")
+    expect(page.locator("#composer-hint")).to_be_visible()
+    assert axe_violations(page) == []  # a reply streaming, a message waiting in the box
+    page.keyboard.press("Escape")
+    wait_done(page)
+    page.get_by_role("button", name="Show conversations").click()
+    assert axe_violations(page) == []  # the drawer open, its list grouped by date
+    page.get_by_role("button", name="Actions for “Tell me a long story”").click()
+    expect(page.get_by_role("menu")).to_be_visible()
+    assert axe_violations(page) == []  # a row's menu open
+    page.keyboard.press("Escape")
+    page.locator("#search-box").fill("zebra")
+    expect(page.locator("#search-status")).to_contain_text("No conversations match")
+    assert axe_violations(page) == []  # a search without hits
+    under_test.context.close()
+    assert under_test.errors == []
