@@ -234,7 +234,7 @@ class Client:
         if isinstance(frame, protocol.Hello):
             if frame.tools is not None:
                 self.tools.declare(frame.tools)
-            await self.hello(frame.conversation)
+            await self.hello(frame.conversation_id)
             return
         if isinstance(frame, protocol.ToolCallAck):
             self.tools.acknowledge(frame.call_id)
@@ -358,7 +358,7 @@ async def chat_socket(websocket: WebSocket) -> None:
         return
     client = Client(websocket, state, user)
     if visitor.session_id is not None:
-        state.add_socket(visitor.session_id, client)
+        state.accounts.add_socket(visitor.session_id, client)
     state.metrics.sockets.inc()
     try:
         await client.serve()
@@ -366,4 +366,4 @@ async def chat_socket(websocket: WebSocket) -> None:
         state.metrics.sockets.dec()
         await state.limits.socket_closed(user)
         if visitor.session_id is not None:
-            state.remove_socket(visitor.session_id, client)
+            state.accounts.remove_socket(visitor.session_id, client)
