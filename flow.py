@@ -8,18 +8,8 @@ no node's state.
 
 from pocketflow import AsyncFlow, AsyncNode
 
-from nodes import (
-    BuildPrompt,
-    ChunkDocument,
-    EmbedChunks,
-    ReadImages,
-    RetrieveDocuments,
-    RunTools,
-    SaveReply,
-    StoreChunks,
-    StreamChat,
-    TitleConversation,
-)
+from indexing_nodes import ChunkDocument, EmbedChunks, StoreChunks
+from nodes import BuildPrompt, ReadImages, RetrieveDocuments, RunTools, SaveReply, StreamChat, TitleConversation
 from pocketchat.flows import ChatFlow, chain, may_fail
 from pocketchat.settings import Settings
 
