@@ -211,7 +211,7 @@ def main(argv: list[str]) -> None:
 
 
 def tune_garbage_collector() -> None:
-    """Keep the garbage collector's pauses off the event loop's hot path (README, Benchmarks). What the
+    """Keep the garbage collector's pauses off the event loop's hot path (docs/benchmarks.md). What the
     imports made (about 144,000 objects: a full collection took 85 ms) is frozen, never scanned again;
     and a young collection waits for 10,000 new objects rather than 700. Under a burst of 300 streams
     the collector took 2.7 s of the app's CPU in 165 ms pauses; after this, 0.6 s."""

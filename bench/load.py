@@ -70,7 +70,7 @@ HIGH_LIMITS = [
     *("--limit-sockets", "100000", "--limit-conversations-per-minute", "100000"),
     *("--limit-hellos-per-minute", "100000", "--limit-changes-per-minute", "100000"),
 ]
-# The app's CPU budgets (README, Benchmarks), as multiples of the direct read's CPU in the same run (a
+# The app's CPU budgets (docs/benchmarks.md), as multiples of the direct read's CPU in the same run (a
 # busy machine inflates both alike; absolute figures swung by half between runs of the same code):
 # per chunk delivered in the 5,000-chunk stream, per turn started in the burst of one-chunk turns.
 # Set a little above what the code measures, so that a change that costs more fails the run.

@@ -65,7 +65,7 @@ class OpenAIProvider:
         )
         authorization = basic_auth or (None if api_key else openai.Omit())
         self._headers: dict[str, Any] = {} if authorization is None else {"Authorization": authorization}
-        # The streaming request is sent with aiohttp directly (README, Benchmarks): the SDK's headers
+        # The streaming request is sent with aiohttp directly (docs/benchmarks.md): the SDK's headers
         # (its key or none, its user agent, organization and project) and URL, computed once.
         self._chat_url = f"{self.client.base_url}chat/completions"
         self._chat_headers = _sent_headers({**self.client.auth_headers, **self.client.default_headers, **self._headers})

@@ -21,7 +21,7 @@ DRAIN_SECONDS = 0.1
 class IdleWatch:
     """Closes a response whose provider sent nothing for `limit` seconds. aiohttp's `sock_read` does that
     by cancelling a timer and making a new one at every network read, about 3% of the app's CPU per
-    chunk in a burst of streams (README, Benchmarks); this timer rings once per `limit` at most, and
+    chunk in a burst of streams (docs/benchmarks.md); this timer rings once per `limit` at most, and
     then looks at when bytes last came (`last`, which the reader sets): it rings again for the rest, or
     closes."""
 
@@ -48,7 +48,7 @@ async def read_chunks(
 ) -> AsyncIterator[Chunk]:
     """The chunks of a chat completion's server-sent events, each `data` parsed as JSON, as the SDK's
     AsyncStream reads them (an `error` in one is an APIError; `[DONE]` ends them), but with one split
-    per network read rather than work per line, and orjson (README, Benchmarks). What goes wrong raises
+    per network read rather than work per line, and orjson (docs/benchmarks.md). What goes wrong raises
     the SDK's exception for it as `translate` makes it (here, not in a generator around this one: each
     layer costs every chunk). A silence of `idle_limit` seconds ends them as aiohttp's read timeout,
     which bounded the wait for the response's head, did: it is switched off for the body."""
