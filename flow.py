@@ -8,16 +8,14 @@ no node's state.
 
 from pocketflow import AsyncFlow, AsyncNode
 
+from indexing_nodes import ChunkDocument, EmbedChunks, StoreChunks
 from nodes import (
     BuildPrompt,
-    ChunkDocument,
-    EmbedChunks,
     NameConversation,
     ReadImages,
     RetrieveDocuments,
     RunTools,
     SaveReply,
-    StoreChunks,
     StreamChat,
     TitleConversation,
 )

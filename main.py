@@ -29,11 +29,12 @@ from fastapi.exceptions import RequestValidationError
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from flow import FLOWS, create_indexing_flow
+from pocketchat.accounts import new_access_token
 from pocketchat.providers import make_provider
 from pocketchat.settings import Settings
 from pocketchat.state import AppState
 from pocketchat.store import make_store
-from pocketchat.tools.mcp import McpConfigError, load_config
+from pocketchat.tools.mcp_config import McpConfigError, load_config
 from pocketchat.web import assets, documents, images, login, search, shares, sign_in, transfer
 from pocketchat.web.body_limit import BodyLimit
 from pocketchat.web.routes import invalid_request, router
@@ -55,8 +56,9 @@ def create_app(settings: Settings) -> FastAPI:
             logger.warning("marked %d replies cut short by an earlier crash as interrupted", interrupted)
         provider = make_provider(settings)
         app.state.chat = state = AppState(settings, store, provider, FLOWS, create_indexing_flow)
+        app.state.sign_in = sign_in.SignIn(settings, state.accounts, state.limits)
         await state.start()
-        announce_sign_in(settings, state.sign_in.token)
+        announce_sign_in(settings, state.accounts.token)
         warming = asyncio.create_task(provider.warm_up())
         if state.default_model is None:
             # Most providers name their default model in milliseconds: the first page then shows it at
@@ -151,7 +153,7 @@ async def run_command(command: str, settings: Settings) -> None:
             if settings.token is not None:
                 token = settings.token.get_secret_value()
             else:
-                token = await sign_in.new_access_token(store)
+                token = await new_access_token(store)
                 print("A new access token: the link before this one no longer signs in.", file=sys.stderr)
             print(sign_in_link(settings, token))
         else:
@@ -209,7 +211,7 @@ def main(argv: list[str]) -> None:
 
 
 def tune_garbage_collector() -> None:
-    """Keep the garbage collector's pauses off the event loop's hot path (README, Benchmarks). What the
+    """Keep the garbage collector's pauses off the event loop's hot path (docs/benchmarks.md). What the
     imports made (about 144,000 objects: a full collection took 85 ms) is frozen, never scanned again;
     and a young collection waits for 10,000 new objects rather than 700. Under a burst of 300 streams
     the collector took 2.7 s of the app's CPU in 165 ms pauses; after this, 0.6 s."""

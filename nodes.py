@@ -1,5 +1,5 @@
-"""The nodes of a chat turn, and of a document's indexing. Each reads the shared store in `prep`,
-works in `exec`, writes in `post`.
+"""The nodes of a chat turn (a document's indexing has its own: indexing_nodes.py). Each reads the shared
+store in `prep`, works in `exec`, writes in `post`.
 
 Nodes never touch a socket: what the browser should see goes to `shared["log"]`, the turn's log,
 which every attached socket follows. A node shows itself in the page with `log.append_step(...)`.
@@ -8,30 +8,27 @@ which every attached socket follows. A node shows itself in the page with `log.a
 import asyncio
 import logging
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from pocketflow import AsyncNode, AsyncParallelBatchNode
 
 from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn
 from pocketchat.errors import ProviderError, StorageError
-from pocketchat.jobs import Jobs
 from pocketchat.providers import sees_images
-from pocketchat.records import DocumentRecord, Message, Passage, Status
-from pocketchat.store import NotIndexing, Store, save_reply
+from pocketchat.records import Message, Passage, Status
+from pocketchat.store import Store, save_reply
 from pocketchat.tools import CallOutcome, ToolBox, safe_call, shown_arguments
 from pocketchat.turn_log import TurnLog
-from utils.chunking import Chunk, chunk_pages
 from utils.clean import MESSAGE_CHARACTERS, clean_text
-from utils.embeddings import Embedder, to_bytes
-from utils.llm_stream import ChatProvider, Sampling, StopSignal, StreamResult, ToolCall, stream_llm
+from utils.embeddings import Embedder
+from utils.llm_stream import ChatProvider, StopSignal, StreamRequest, StreamResult, ToolCall, stream_llm
 from utils.prompt import PromptMessage, Snippet, build_prompt, data_url, images_to_send
-from utils.read_document import Page
-from utils.retrieval import VectorCache, retrieve
+from utils.retrieval import VectorCache, passages_for
+from utils.retry import Backoff
 from utils.titles import first_line_title, title_for
+from utils.tool_prompt import asking_for_tools, with_results
 from utils.usage import TurnUsage
 
 logger = logging.getLogger("pocketchat")
@@ -165,15 +162,10 @@ class RetrieveDocuments(AsyncNode):
         ready = [document for document in documents if document.status == "ready"]
         if not ready:
             return Found([], none_ready=True)
-        if sum(document.chunks for document in ready) * PASSAGE_TOKENS <= request.budget:
-            # Small enough to be read whole, in order: nothing to embed or search.
-            whole = await request.vectors.all_ids([document.id for document in ready])
-            found = {passage.id: passage for passage in await request.store.passages(request.owner, whole)}
-            passages = [found[passage_id] for passage_id in whole if passage_id in found]
-            return Found(passages, seconds=time.perf_counter() - started)
-        passages = await retrieve(
-            request.store, request.vectors, request.embedder, ready, request.owner, request.question, PASSAGES
-        )
+        passages = await passages_for(
+            request.store, request.vectors, request.embedder, ready, request.owner, request.question, request.budget,
+            PASSAGES,
+        )  # fmt: skip
         return Found(passages, seconds=time.perf_counter() - started)
 
     async def exec_fallback_async(self, request: RetrievalRequest, exc: Exception) -> Found:
@@ -195,9 +187,6 @@ class RetrieveDocuments(AsyncNode):
             {"source": p.source, "text": p.text, "document_id": p.document_id, "page": p.page} for p in found.passages
         ]
         shared["log"].append_step("RetrieveDocuments", "sources", sources)
-
-
-PASSAGE_TOKENS = 175  # a passage is at most about 700 characters (utils/chunking.py)
 
 
 @dataclass
@@ -266,17 +255,12 @@ class BuildPrompt(AsyncNode):
 
 @dataclass
 class ChatRequest:
-    provider: ChatProvider
-    messages: list[PromptMessage]
-    model: str
-    max_tokens: int | None
+    stream: StreamRequest  # what stream_llm sends; its model and tools are settled in exec
+    tools: ToolBox | None  # the turn's tools: offered when the model supports them
+    final: bool  # --max-tool-steps reached: the model answers without tools
     log: TurnLog
-    turn: Turn
-    sampling: Sampling  # the conversation's own temperature and top_p, if it set them
-    tools: ToolBox | None = None  # offered when the model supports them
-    final: bool = False  # --max-tool-steps reached: the model answers without tools
-    start_seq: int = 0  # chunks in the log before this step: a retry is safe while there are no more
-    failures: int = 0  # attempts that failed before the first chunk
+    start_seq: int  # chunks in the log before this step: a retry is safe while there are no more
+    backoff: Backoff  # whether a failure is tried again, and after how long
 
 
 @dataclass
@@ -294,48 +278,38 @@ class StreamChat(AsyncNode):
 
     async def prep_async(self, shared: dict[str, Any]) -> ChatRequest:
         conversation: Conversation = shared["conversation"]
+        log: TurnLog = shared["log"]
+        turn: Turn = shared["turn"]
         # The conversation's own settings win over the app's; what neither sets is the provider's default.
         sampling = dict(conversation.record.sampling)
         max_tokens = sampling.pop("max_tokens", None) or shared["settings"].max_tokens
-        return ChatRequest(
+        stream = StreamRequest(
             provider=shared["provider"],
             messages=shared["prompt"],
             model=conversation.record.model,
             max_tokens=int(max_tokens) if max_tokens else None,
-            log=shared["log"],
+            on_chunk=log.append_chunk,
+            stop=turn.stop,
+            on_queued=lambda position: log.append(protocol.queued(turn.id, position)),
             sampling=sampling,
-            turn=shared["turn"],
-            tools=shared["tools"],
-            final=shared["tool_steps"] >= shared["settings"].max_tool_steps,
-            start_seq=shared["log"].seq,
         )
+        final = shared["tool_steps"] >= shared["settings"].max_tool_steps
+        return ChatRequest(stream, shared["tools"], final, log, log.seq, Backoff(self.wait))
 
     async def exec_async(self, request: ChatRequest) -> ChatOutcome:
+        stream = request.stream
         try:
             # A conversation made while the provider was unreachable has no model yet.
-            request.model = request.model or await request.provider.default_model()
+            stream.model = stream.model or await stream.provider.default_model()
             # The embedded model has no tool calls: it is offered none.
-            supported = request.tools is not None and request.provider.supports_tools(request.model)
-            result = await stream_llm(
-                request.provider,
-                request.messages,
-                request.model,
-                request.max_tokens,
-                request.log.append_chunk,
-                request.turn.stop,
-                lambda position: request.log.append(protocol.queued(request.turn.id, position)),
-                request.tools.offer(request.final) if supported and request.tools else None,
-                request.sampling,
-            )
+            if request.tools is not None and stream.provider.supports_tools(stream.model):
+                stream.tools = request.tools.offer(request.final)
+            result = await stream_llm(stream)
         except ProviderError as error:
-            # Raising lets PocketFlow retry after `wait`, which is safe only while this step sent nothing
-            # (tool calls are collected, not sent, until the stream ends).
-            if error.retryable and request.log.seq == request.start_seq:
-                # PocketFlow sleeps `self.wait` before the next attempt: doubling it after the first
-                # failure backs off. The flow runs a copy of this node, so each turn starts afresh.
-                if request.failures:
-                    self.wait *= 2
-                request.failures += 1
+            # Raising lets PocketFlow try again after `self.wait`; tool calls are collected, not sent,
+            # until the stream ends, so a step sent nothing while the log has no new chunk.
+            if request.backoff.retry(error, sent_nothing=request.log.seq == request.start_seq):
+                self.wait = request.backoff.wait  # this turn's copy of the node: the next turn starts afresh
                 raise
             return ChatOutcome("error", error=error)
         except Exception as bug:
@@ -354,15 +328,12 @@ class StreamChat(AsyncNode):
             raise outcome.bug  # turns.run_turn records the turn as failed and logs the traceback
         turn: Turn = shared["turn"]
         reply = turn.reply_so_far()
+        stream = request.stream
         usage: TurnUsage = shared["usage"]
-        source = request.provider.usage_source(request.model) if request.model else "estimated"
-        said = usage.add(outcome.result, source, request.messages, reply.content, reply.reasoning)
-        reply.meta.update(usage.stats(request.model, turn.started_at))  # summed over the steps so far
+        said = usage.count_step(outcome.result, stream.provider, stream.model, stream.messages, reply, turn.started_at)
         calls = [safe_call(call) for call in outcome.result.tool_calls] if outcome.result is not None else []
         if outcome.status == "complete" and calls and not request.final:
-            # What the model said and asked for joins the prompt; RunTools adds the results.
-            asked = [_call_message(call) for call in calls]
-            shared["prompt"] = [*request.messages, {"role": "assistant", "content": said or None, "tool_calls": asked}]
+            shared["prompt"] = asking_for_tools(stream.messages, said, calls)  # RunTools adds the results
             shared["tool_calls"] = calls
             return "tools"
         reply.status = outcome.status
@@ -374,11 +345,6 @@ class StreamChat(AsyncNode):
             outcome.error.turn_id = turn.id
             request.log.append(protocol.error(outcome.error))
         return outcome.status
-
-
-def _call_message(call: ToolCall) -> dict[str, Any]:
-    """A tool call as the assistant message that asked for it holds it (OpenAI's shape)."""
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
 
 
 @dataclass
@@ -422,11 +388,8 @@ class RunTools(AsyncParallelBatchNode):
         return outcome
 
     async def post_async(self, shared: dict[str, Any], runs: list[ToolRun], outcomes: list[CallOutcome]) -> str | None:
-        # StreamChat's message asked for every call: the model reads it back with the calls answered
-        # only (those left out after the first are dropped), under the ids they ran with.
-        *before, asked = shared["prompt"]
-        asked = {**asked, "tool_calls": [_call_message(outcome.call) for outcome in outcomes]}
-        shared["prompt"] = [*before, asked, *(outcome.message() for outcome in outcomes)]
+        calls = [outcome.call for outcome in outcomes]
+        shared["prompt"] = with_results(shared["prompt"], calls, [outcome.message() for outcome in outcomes])
         shared["tool_calls"] = []
         shared["tool_steps"] += 1
         if shared["tools"].spent:  # the model answers next without tools
@@ -473,91 +436,3 @@ class SaveReply(AsyncNode):
             shared["log"].append(protocol.error(error))
         except TimeoutError:
             shared["log"].append(protocol.error(StorageError(NOT_SAVED_YET, turn.id)))
-
-
-# ---- indexing a document: the flow's nodes (flow.create_indexing_flow) --------------------------------
-
-
-@dataclass
-class ChunkRequest:
-    jobs: Jobs
-    owner: str
-    pages: list[Page]
-
-
-class ChunkDocument(AsyncNode):
-    """Cut the document's pages into passages of a few sentences, each on one page: in a job worker, as
-    the time it takes is the user's file's to set."""
-
-    async def prep_async(self, shared: dict[str, Any]) -> ChunkRequest:
-        return ChunkRequest(shared["jobs"], shared["document"].owner, shared["pages"])
-
-    async def exec_async(self, request: ChunkRequest) -> list[Chunk]:
-        return await request.jobs.run(request.owner, chunk_pages, request.pages)
-
-    async def post_async(self, shared: dict[str, Any], request: ChunkRequest, chunks: list[Chunk]) -> None:
-        shared["chunks"] = chunks
-        shared["report"](0.01)
-
-
-@dataclass
-class EmbedRequest:
-    embedder: Embedder
-    texts: list[str]
-    report: Callable[[float], None]
-
-
-EMBED_BATCH = 16  # passages a call: the progress moves every few tenths of a second
-
-
-class EmbedChunks(AsyncNode):
-    """A vector for each passage, in batches, telling how far it went after each batch (a level: a
-    retry that repeats a batch tells the same level again, and shows nothing twice)."""
-
-    async def prep_async(self, shared: dict[str, Any]) -> EmbedRequest:
-        return EmbedRequest(shared["embedder"], [chunk.text for chunk in shared["chunks"]], shared["report"])
-
-    async def exec_async(self, request: EmbedRequest) -> np.ndarray:
-        batches = []
-        for start in range(0, len(request.texts), EMBED_BATCH):
-            batches.append(await request.embedder.embed(request.texts[start : start + EMBED_BATCH]))
-            request.report(0.01 + 0.95 * min(start + EMBED_BATCH, len(request.texts)) / len(request.texts))
-        return np.concatenate(batches)
-
-    async def post_async(self, shared: dict[str, Any], request: EmbedRequest, vectors: np.ndarray) -> None:
-        shared["vectors"] = vectors
-
-
-STORE_BATCH = 500  # passages a write: a big document does not hold the database's writer long
-
-
-class StoreChunks(AsyncNode):
-    """Store the passages with their vectors, then mark the document ready: until then retrieval does
-    not see them, so a document cut short is never half-searched."""
-
-    async def prep_async(self, shared: dict[str, Any]) -> tuple[list[Chunk], np.ndarray]:
-        return shared["chunks"], shared["vectors"]
-
-    async def exec_async(self, inputs: tuple[list[Chunk], np.ndarray]) -> list[tuple[int, int | None, str, bytes]]:
-        chunks, vectors = inputs
-        return [
-            (seq, chunk.page, chunk.text, to_bytes(vector))
-            for seq, (chunk, vector) in enumerate(zip(chunks, vectors, strict=True))
-        ]
-
-    async def post_async(
-        self,
-        shared: dict[str, Any],
-        inputs: tuple[list[Chunk], np.ndarray],
-        rows: list[tuple[int, int | None, str, bytes]],
-    ) -> None:
-        store: Store = shared["store"]
-        document: DocumentRecord = shared["document"]
-        # Each write lands only while the document is still indexing: one refused (removed meanwhile, or
-        # marked failed by another replica, which deleted the passages written so far) stops here.
-        for start in range(0, len(rows), STORE_BATCH):
-            if not await store.add_chunks(document, rows[start : start + STORE_BATCH]):
-                raise NotIndexing(document.id)
-        document.status, document.progress, document.chunks = "ready", 1.0, len(rows)
-        if not await store.finish_document(document):
-            raise NotIndexing(document.id)

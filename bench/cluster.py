@@ -34,7 +34,8 @@ import redis.asyncio as aioredis
 import uvloop
 import websockets
 
-from bench.load import HIGH_LIMITS, PACE_MS, TOKENS, Run, cpu_seconds, direct, expected, summarize
+from bench.load import HIGH_LIMITS, PACE_MS
+from bench.readers import TOKENS, Run, cpu_seconds, direct, expected, summarize
 from pocketchat.cluster.produced_log import Copier, ProducedLog
 from pocketchat.cluster.redis_link import RedisLink
 from tests.cluster import TOKEN, Nginx, sign_in, start_replica

@@ -1,14 +1,33 @@
 """What `/metrics` shows, in Prometheus text format (prometheus-client), one registry per app."""
 
 from collections.abc import Callable
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from pocketchat.conversations import Turn
+from pocketchat.records import Message
 
 # Seconds: from a fast provider's first chunk to a queued embedded model's.
 LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30)
 WRITE_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
+
+
+# What the metrics read of a turn that ended: a protocol, not conversations.Turn, so that this module sits
+# below the turns that it counts (every layer may count things).
+class _Log(Protocol):
+    @property
+    def seq(self) -> int: ...
+
+
+class EndedTurn(Protocol):
+    @property
+    def log(self) -> _Log: ...
+
+    @property
+    def reply(self) -> Message: ...
+
+    @property
+    def error_kind(self) -> str | None: ...
 
 
 class Metrics:
@@ -63,7 +82,7 @@ class Metrics:
             registry=registry,
         )
 
-    def turn_ended(self, turn: Turn) -> None:
+    def turn_ended(self, turn: EndedTurn) -> None:
         self.chunks.inc(turn.log.seq)
         if (ttft_ms := turn.reply.meta.get("ttft_ms")) is not None:
             self.first_chunk.observe(ttft_ms / 1000)

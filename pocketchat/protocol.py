@@ -20,6 +20,7 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 from pydantic_core import PydanticCustomError
 
@@ -27,6 +28,9 @@ from pocketchat.errors import BadFrame, ProtocolError, ProviderError, RateLimite
 from pocketchat.records import ConversationRecord, possible_id
 
 PROTOCOL_VERSION = 1
+# Protocol 1 began by calling a conversation's id `session_id`: that name is still read in `hello` and still
+# sent beside `conversation_id` (`conversation_ids`), here only.
+OLD_CONVERSATION_ID = "session_id"
 MAX_DEPTH = 64  # lists and objects in one frame, nested (a tool declaration's schema, a tool's result)
 
 
@@ -69,15 +73,17 @@ class ToolDeclaration(_Frame):
 
 class Hello(_Frame):
     type: Literal["hello"]
-    conversation_id: ConversationId | None = None
-    session_id: ConversationId | None = None  # the deprecated name of conversation_id (protocol 1)
+    conversation_id: ConversationId | None = None  # the conversation to attach to (None: a new one)
     # Tools this client offers from now on; absent: those it declared before, if any.
     tools: Annotated[list[ToolDeclaration], Field(max_length=MAX_CLIENT_TOOLS)] | None = None
 
-    @property
-    def conversation(self) -> str | None:
-        """The conversation to attach to (None: a new one), by either name."""
-        return self.conversation_id or self.session_id
+    @model_validator(mode="before")
+    @classmethod
+    def _old_name(cls, data: Any) -> Any:
+        """A conversation named by its old name, when it is not named by its own."""
+        if isinstance(data, dict) and data.get("conversation_id") is None and OLD_CONVERSATION_ID in data:
+            return {**data, "conversation_id": data[OLD_CONVERSATION_ID]}
+        return data
 
 
 def image_id(value: str) -> str:
@@ -239,8 +245,7 @@ def ready(
     frame: dict[str, Any] = {
         "type": "ready",
         "protocol": PROTOCOL_VERSION,
-        "conversation_id": conversation_id,
-        "session_id": conversation_id,  # deprecated: the name protocol 1 began with
+        **conversation_ids(conversation_id),
         "title": title,
         "model": model,
         "system_prompt": system_prompt,
@@ -307,8 +312,7 @@ def turn_end(turn_id: str, status: str, message_id: str, stats: dict[str, Any]) 
 def conversation(record: ConversationRecord) -> dict[str, Any]:
     return {
         "type": "conversation",
-        "conversation_id": record.id,
-        "session_id": record.id,  # deprecated
+        **conversation_ids(record.id),
         "title": record.title,
         "model": record.model,
         "system_prompt": record.system_prompt,
@@ -328,8 +332,12 @@ def tool_call_cancel(turn_id: str, call_id: str, reason: str) -> dict[str, Any]:
 
 
 def deleted(conversation_id: str) -> dict[str, Any]:
-    # session_id: deprecated, the name protocol 1 began with
-    return {"type": "deleted", "conversation_id": conversation_id, "session_id": conversation_id}
+    return {"type": "deleted", **conversation_ids(conversation_id)}
+
+
+def conversation_ids(conversation_id: str) -> dict[str, str]:
+    """A conversation's id as a server frame names it: by its name, and by its old one for old clients."""
+    return {"conversation_id": conversation_id, OLD_CONVERSATION_ID: conversation_id}
 
 
 def document(conversation_id: str, state: dict[str, Any]) -> dict[str, Any]:

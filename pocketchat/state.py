@@ -2,12 +2,13 @@
 
 import asyncio
 import logging
-from typing import Any, Protocol
+from typing import Any
 
 from fastapi import FastAPI
 from pocketflow import AsyncFlow
 
 from pocketchat import protocol
+from pocketchat.accounts import Accounts
 from pocketchat.background import Background, cancel_and_wait
 from pocketchat.cluster import Coordinator, make_coordinator
 from pocketchat.conversations import Conversation, Hub
@@ -22,16 +23,9 @@ from pocketchat.settings import Settings
 from pocketchat.store import Store
 from pocketchat.tools.catalog import Catalog
 from pocketchat.transfer.imports import Imports
-from pocketchat.web.sign_in import SignIn
 from utils.llm_stream import ChatProvider
 
 logger = logging.getLogger("pocketchat")
-SESSION_CHECK_SECONDS = 5.0  # how soon a socket notices its session was revoked elsewhere
-
-
-class SignedInSocket(Protocol):
-    def sign_out(self) -> None:
-        """Close with 4401: the page shows the sign-in page."""
 
 
 class AppState:
@@ -70,23 +64,22 @@ class AppState:
         self.images = Images(settings, store, provider, self.jobs)
         self.tools = Catalog(settings, store, self.limits, self.jobs)  # built-in tools and the MCP servers
         self.coordinator.on_lag = self.metrics.log_lag.observe
-        self.sign_in = SignIn(settings, store, self.limits)
+        self.accounts = Accounts(settings, store)  # the access token, the sessions and their sockets
         self.default_model = settings.model
         # Imported conversations whose file names no model get the app's default.
         self.imports = Imports(settings, store, lambda: self.default_model or "", self.coordinator, self.jobs)
         self.imports.gone = self.conversations_gone  # a failed import's conversations: their pages are told
         self._resolving: asyncio.Task[None] | None = None
         self.draining = False  # SIGTERM: the running replies may finish before shutdown stops them
-        self._sockets: dict[str, set[SignedInSocket]] = {}  # by session id
         self._tasks = Background()
 
     async def start(self) -> None:
         await self.coordinator.start()
         await self.documents.start()
-        await self.sign_in.start()
+        await self.accounts.start()
         await self.tools.start()
         await self.imports.sweep()
-        self._tasks.keep("the session watch", self._close_sockets_of_dead_sessions)
+        self._tasks.keep("the session watch", self.accounts.close_sockets_of_dead_sessions)
 
     def stopped(self) -> str | None:
         """Which background work of this process ended, if any did: it cannot serve as it should."""
@@ -112,40 +105,6 @@ class AppState:
         if (conversation := self.hub.live(conversation_id)) is not None:
             conversation.tell_document(frame)
         self.coordinator.documents_changed(conversation_id, frame)
-
-    # ---- sessions and their sockets -------------------------------------------------------------
-
-    def add_socket(self, session_id: str, socket: SignedInSocket) -> None:
-        self._sockets.setdefault(session_id, set()).add(socket)
-
-    def remove_socket(self, session_id: str, socket: SignedInSocket) -> None:
-        if (sockets := self._sockets.get(session_id)) is not None:
-            sockets.discard(socket)
-            if not sockets:
-                del self._sockets[session_id]
-
-    async def sign_out(self, session_id: str) -> None:
-        """Revoke a session; its sockets on this process close now (on another, within seconds)."""
-        await self.store.revoke_sessions(session_id)
-        self.sign_in.forget(session_id)
-        for socket in self._sockets.pop(session_id, set()):
-            socket.sign_out()
-
-    async def _close_sockets_of_dead_sessions(self) -> None:
-        """A round of the session watch. Sessions are revoked by another tab's sign-out, by
-        --revoke-sessions in another process, or expire."""
-        await asyncio.sleep(SESSION_CHECK_SECONDS)
-        if not self._sockets:
-            return
-        try:
-            dead = await self.store.dead_sessions(list(self._sockets))
-        except Exception:
-            logger.exception("could not check the sessions of open sockets")
-            return
-        for session_id in dead:
-            self.sign_in.forget(session_id)
-            for socket in self._sockets.pop(session_id, set()):
-                socket.sign_out()
 
     def resolve_default_model(self) -> asyncio.Task[None]:
         """Ask the provider for its default model in the background, one request at a time."""

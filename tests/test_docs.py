@@ -12,6 +12,7 @@ from pocketchat.settings import Settings
 ROOT = Path(__file__).resolve().parent.parent
 PROTOCOL_DOC = (ROOT / "docs" / "protocol.md").read_text()
 README = (ROOT / "README.md").read_text()
+CONFIGURATION = (ROOT / "docs" / "configuration.md").read_text()
 
 
 @pytest.mark.parametrize("frame_type", protocol.CLIENT_FRAME_TYPES + protocol.SERVER_FRAME_TYPES)
@@ -25,9 +26,9 @@ def test_every_error_code_is_in_the_protocol_doc(code):
 
 
 @pytest.mark.parametrize("name", list(Settings.model_fields))
-def test_every_setting_is_in_the_readme_as_variable_and_flag(name):
-    assert f"`POCKETCHAT_{name.upper()}`" in README
-    assert f"`--{name.replace('_', '-')}`" in README
+def test_every_setting_is_in_the_configuration_doc_as_variable_and_flag(name):
+    assert f"`POCKETCHAT_{name.upper()}`" in CONFIGURATION
+    assert f"`--{name.replace('_', '-')}`" in CONFIGURATION
 
 
 NGINX_BLOCKS = re.findall(r"```nginx\n(.*?)```", README, re.S)

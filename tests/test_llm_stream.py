@@ -12,7 +12,7 @@ from pocketchat.errors import ProviderError
 from pocketchat.providers.openai_compatible import OpenAIProvider
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.test_protocol import wait_for
-from utils.llm_stream import StopSignal, StreamResult, stream_llm
+from utils.llm_stream import StopSignal, StreamRequest, StreamResult, stream_llm
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -35,7 +35,7 @@ async def read_until_stopped(fake: FakeOpenAI) -> tuple[StreamResult, list[str]]
     fake.queue(Reply(count=50, pace=0.05))
     stop, pieces, on_chunk = stopping_after(3)
     try:
-        return await stream_llm(provider, MESSAGES, "fake-model", None, on_chunk, stop), pieces
+        return await stream_llm(StreamRequest(provider, MESSAGES, "fake-model", None, on_chunk, stop)), pieces
     finally:
         await provider.aclose()
 
@@ -55,7 +55,9 @@ async def cancel_while_reading(fake: FakeOpenAI, also_stop: bool) -> BaseExcepti
     fake.queue(Reply(count=50, pace=0.05))
     stop, started = StopSignal(), asyncio.Event()
     reading = asyncio.create_task(
-        stream_llm(provider, MESSAGES, "fake-model", None, lambda content, reasoning: started.set(), stop)
+        stream_llm(
+            StreamRequest(provider, MESSAGES, "fake-model", None, lambda content, reasoning: started.set(), stop)
+        )
     )
     await started.wait()
     if also_stop:
@@ -106,7 +108,9 @@ def test_a_stop_after_the_read_ended_does_not_cancel_what_the_task_does_next(fak
         fake.queue(Reply(count=3))
         stop = StopSignal()
         try:
-            result = await stream_llm(provider, MESSAGES, "fake-model", None, lambda content, reasoning: None, stop)
+            result = await stream_llm(
+                StreamRequest(provider, MESSAGES, "fake-model", None, lambda content, reasoning: None, stop)
+            )
         finally:
             await provider.aclose()
         stop.set()  # as a stop that comes while the turn saves its reply
@@ -132,7 +136,7 @@ class UnpausedProvider:
 def test_a_stop_set_from_within_the_read_at_its_last_chunk_does_not_cancel_what_the_task_does_next():
     async def read() -> tuple[StreamResult, bool]:
         stop, _, on_chunk = stopping_after(2)
-        result = await stream_llm(UnpausedProvider(), MESSAGES, "m", None, on_chunk, stop)
+        result = await stream_llm(StreamRequest(UnpausedProvider(), MESSAGES, "m", None, on_chunk, stop))
         return result, await next_await_cancelled()
 
     result, cancelled = asyncio.run(read())
@@ -168,7 +172,9 @@ def stopped_after_two_chunks(provider: CancelledQuietlyProvider) -> tuple[Stream
     async def read() -> tuple[StreamResult | ProviderError, int]:
         stop, _, on_chunk = stopping_after(2)
         try:
-            outcome: StreamResult | ProviderError = await stream_llm(provider, MESSAGES, "m", None, on_chunk, stop)
+            outcome: StreamResult | ProviderError = await stream_llm(
+                StreamRequest(provider, MESSAGES, "m", None, on_chunk, stop)
+            )
         except ProviderError as error:
             outcome = error
         await asyncio.sleep(0.05)  # no cancellation of the stop's is left to hit this

@@ -10,7 +10,8 @@ import pytest
 
 from pocketchat.errors import ProviderError
 from pocketchat.providers import openai_compatible
-from pocketchat.providers.openai_compatible import OpenAIProvider, _chunks
+from pocketchat.providers.openai_compatible import OpenAIProvider
+from pocketchat.providers.openai_stream import read_chunks
 from tests.fake_openai import Reply
 
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -153,7 +154,7 @@ def read_events(*pieces: bytes) -> list[object]:
     """The chunks the provider's SSE reader gets from a response body that arrives in `pieces`."""
 
     async def read() -> list[object]:
-        return [chunk async for chunk in _chunks(Arriving(pieces), lambda error: error, 5.0)]  # type: ignore[arg-type]
+        return [chunk async for chunk in read_chunks(Arriving(pieces), lambda error: error, 5.0)]  # type: ignore[arg-type]
 
     return asyncio.run(read())
 

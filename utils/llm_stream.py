@@ -190,25 +190,30 @@ class StreamResult:
     tool_calls: list[ToolCall] = field(default_factory=list)  # what the model asked to call, if anything
 
 
-async def stream_llm(
-    provider: ChatProvider,
-    messages: list[dict[str, str]],
-    model: str,
-    max_tokens: int | None,
-    on_chunk: Callable[[str, str | None], object],
-    stop: StopSignal,
-    on_queued: Callable[[int], object] | None = None,
-    tools: ToolOffer | None = None,
-    sampling: Sampling | None = None,
-) -> StreamResult:
-    """Stream a reply into `on_chunk(content, reasoning)` until it ends or `stop` is set.
+@dataclass
+class StreamRequest:
+    """One request to the model, and where its reply goes."""
+
+    provider: ChatProvider
+    messages: list[dict[str, Any]]
+    model: str
+    max_tokens: int | None
+    on_chunk: Callable[[str, str | None], object]  # each piece of the reply: (content, reasoning)
+    stop: StopSignal  # the turn's: a stop ends the read at once
+    on_queued: Callable[[int], object] | None = None  # the provider must wait for earlier requests first
+    tools: ToolOffer | None = None  # the tools offered; the calls the model makes are returned, not sent on
+    sampling: Sampling | None = None  # overrides the provider's defaults (the conversation's temperature, top_p)
+
+
+async def stream_llm(request: StreamRequest) -> StreamResult:
+    """Stream a reply into `request.on_chunk(content, reasoning)` until it ends or `request.stop` is set.
 
     `on_queued(position)` is called if the provider must wait for earlier requests first. The tool
     calls the model makes (when `tools` offers some) are put together and returned, not sent on.
-    `sampling` overrides the provider's defaults (the conversation's own temperature, top_p).
     A stop cancels the read in progress, which closes the upstream response at once. A stream
     that ends without a finish reason was cut short and raises ProviderError.
     """
+    provider, stop, on_chunk = request.provider, request.stop, request.on_chunk
     result = StreamResult(stopped=False, finish_reason=None, usage=None, first_chunk_at=None)
     content_text, reasoning_text = UnicodeRepair(), UnicodeRepair()
     tool_calls = ToolCallParts()
@@ -221,10 +226,11 @@ async def stream_llm(
 
     async def consume() -> None:
         # `tools` and `sampling` only when there are some: a provider written before them still works.
-        offer: dict[str, Any] = {"tools": tools} if tools is not None else {}
-        if sampling:
-            offer["sampling"] = sampling
-        async with provider.open_stream(messages, model, max_tokens, on_queued, **offer) as chunks:
+        offer: dict[str, Any] = {"tools": request.tools} if request.tools is not None else {}
+        if request.sampling:
+            offer["sampling"] = request.sampling
+        opened = provider.open_stream(request.messages, request.model, request.max_tokens, request.on_queued, **offer)
+        async with opened as chunks:
             async for chunk in chunks:
                 try:
                     choices, usage = _read(chunk)

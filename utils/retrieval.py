@@ -16,6 +16,7 @@ RRF_K = 60  # reciprocal rank fusion's constant: how much the top ranks outweigh
 VECTOR_WEIGHT = 1.0  # meaning finds paraphrases, which words miss; so it weighs more
 TEXT_WEIGHT = 0.6
 CANDIDATES = 50  # passages each way considers before fusion
+PASSAGE_TOKENS = 175  # a passage is at most about 700 characters (utils/chunking.py)
 # Words that match nearly every passage: left out of the full-text query.
 _STOPWORDS = (
     "a about above after again against all am an and any are as at be because been before being below between "
@@ -122,3 +123,22 @@ async def retrieve(
     best = fuse([(by_meaning, VECTOR_WEIGHT), (by_words, TEXT_WEIGHT)])[:most]
     found = {passage.id: passage for passage in await store.passages(owner, best)}
     return [found[passage_id] for passage_id in best if passage_id in found]
+
+
+async def passages_for(
+    store: PassageStore,
+    vectors: VectorCache,
+    embedder: Embedder,
+    documents: list[DocumentRecord],
+    owner: str,
+    question: str,
+    budget: int,
+    most: int,
+) -> list[Passage]:
+    """The passages of `documents` a reply gets: all of them, in order, when they fit `budget` tokens
+    (nothing to embed or search); else the `most` that best answer `question`."""
+    if sum(document.chunks for document in documents) * PASSAGE_TOKENS <= budget:
+        whole = await vectors.all_ids([document.id for document in documents])
+        found = {passage.id: passage for passage in await store.passages(owner, whole)}
+        return [found[passage_id] for passage_id in whole if passage_id in found]
+    return await retrieve(store, vectors, embedder, documents, owner, question, most)

@@ -3,7 +3,7 @@ people know name a conversation), in one short request."""
 
 import re
 
-from utils.llm_stream import ChatProvider, StopSignal, stream_llm
+from utils.llm_stream import ChatProvider, StopSignal, StreamRequest, stream_llm
 
 ASK = (
     "Give this conversation a title of two to six words that says what it is about. "
@@ -39,5 +39,9 @@ async def title_for(provider: ChatProvider, model: str, first_message: str, repl
     conversation = f"User: {first_message[:SHOWN_CHARACTERS]}\n\nAssistant: {reply[:SHOWN_CHARACTERS]}"
     messages = [{"role": "system", "content": ASK}, {"role": "user", "content": conversation}]
     pieces: list[str] = []
-    result = await stream_llm(provider, messages, model, TITLE_TOKENS, lambda text, _: pieces.append(text), stop)
+
+    def keep(text: str, _: str | None) -> None:
+        pieces.append(text)
+
+    result = await stream_llm(StreamRequest(provider, messages, model, TITLE_TOKENS, keep, stop))
     return None if result.stopped else tidy_title("".join(pieces))

@@ -5,7 +5,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from utils.llm_stream import StreamResult
+from pocketchat.records import Message
+from utils.llm_stream import ChatProvider, StreamResult
 from utils.prompt import PromptMessage, content_tokens, estimate_tokens
 
 SOURCES = ("estimated", "counted", "provider")  # from the least exact: a sum is as exact as its worst part
@@ -56,6 +57,22 @@ class TurnUsage:
             self.streamed_tokens += completion
             self.streamed_seconds += time.monotonic() - result.first_chunk_at
         return step_content
+
+    def count_step(
+        self,
+        result: StreamResult | None,
+        provider: ChatProvider,
+        model: str,
+        messages: list[PromptMessage],
+        reply: Message,
+        started_at: float,
+    ) -> str:
+        """Count one model step of `reply` (`result`: None if it failed), and write the reply's stats,
+        summed over its steps so far, into its meta. Returns what the step said."""
+        source = provider.usage_source(model) if model else "estimated"
+        said = self.add(result, source, messages, reply.content, reply.reasoning)
+        reply.meta.update(self.stats(model, started_at))
+        return said
 
     def stats(self, model: str, started_at: float) -> dict[str, Any]:
         """The reply's model, usage (summed, with the least exact source), ttft and tokens/s."""

@@ -12,7 +12,8 @@ from pocketchat.store import Store
 from pocketchat.tools import BUILTIN, CallContext, Tool, ToolBox
 from pocketchat.tools.builtin import builtin_tools
 from pocketchat.tools.client import ClientTools
-from pocketchat.tools.mcp import McpServers, load_config
+from pocketchat.tools.mcp import McpServers
+from pocketchat.tools.mcp_config import load_config
 
 START_WAIT_SECONDS = 5.0  # start-up waits this long at most for the MCP servers to list their tools
 

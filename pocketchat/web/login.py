@@ -25,7 +25,7 @@ def login_page(request: Request, status: int = 200, error: str | None = None, **
 
 @router.get("/login", response_model=None)
 async def login(request: Request) -> Response:
-    sign_in: SignIn = request.app.state.chat.sign_in
+    sign_in: SignIn = request.app.state.sign_in
     if sign_in.mode != "token":
         return RedirectResponse("/", status_code=303)  # nothing to sign in to here
     if (token := request.query_params.get("token")) is not None:
@@ -43,7 +43,7 @@ async def login_form(request: Request) -> Response:
 
 
 async def _sign_in(request: Request, token: str, failed: Response) -> Response:
-    sign_in: SignIn = request.app.state.chat.sign_in
+    sign_in: SignIn = request.app.state.sign_in
     visitor = visitor_of(request)
     # Counted as a wrong token before the token is looked at: attempts sent at once cannot all be checked
     # before any is counted. A right one is uncounted.
@@ -52,7 +52,7 @@ async def _sign_in(request: Request, token: str, failed: Response) -> Response:
         seconds = str(max(1, math.ceil(attempt)))
         error = f"Too many wrong tokens: try again in {seconds} s."
         return login_page(request, 429, error, **{"Retry-After": seconds})
-    if not await sign_in.token_matches(token):
+    if not await sign_in.accounts.token_matches(token):
         sign_in.wrong_tokens.warn(visitor.address)
         return failed
     await sign_in.limits.succeeded(attempt)
@@ -62,7 +62,7 @@ async def _sign_in(request: Request, token: str, failed: Response) -> Response:
     # by their Origin as well). Secure whenever the page came over https.
     response.set_cookie(
         SESSION_COOKIE,
-        await sign_in.new_session(),
+        await sign_in.accounts.new_session(),
         max_age=int(sign_in.settings.session_days * 86400),
         httponly=True,
         samesite="lax",
@@ -76,8 +76,8 @@ async def logout(request: Request) -> Response:
     """Sign this browser out: its session is revoked, and its open sockets are closed with 4401."""
     visitor = visitor_of(request)
     if visitor.session_id is not None:
-        await request.app.state.chat.sign_out(visitor.session_id)
-    response = RedirectResponse("/login" if request.app.state.chat.sign_in.mode == "token" else "/", 303)
+        await request.app.state.chat.accounts.sign_out(visitor.session_id)
+    response = RedirectResponse("/login" if request.app.state.sign_in.mode == "token" else "/", 303)
     response.delete_cookie(SESSION_COOKIE, httponly=True, samesite="lax", secure=visitor.https)
     return response
 

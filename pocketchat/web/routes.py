@@ -34,7 +34,7 @@ async def invalid_request(request: Request, error: RequestValidationError) -> JS
 
 @router.get("/")
 async def page(request: Request) -> Response:
-    mode = chat_state(request.app).sign_in.mode
+    mode = chat_state(request.app).settings.auth_mode
     # Behind a proxy the page names the user; with a token it offers to sign out.
     return render_page(request, "index.html", {"auth": mode, "user": visitor_of(request).user})
 

@@ -3,18 +3,16 @@ socket or node runs (`--auth`):
 
 - `none`: everyone is the one local user (loopback only, unless --insecure-no-auth);
 - `token`: one access token, as Jupyter does it; signing in with it gives a session cookie, recorded
-  in the database so that signing out (or --revoke-sessions) ends it;
+  in the database so that signing out (or --revoke-sessions) ends it (the token and the sessions are
+  pocketchat/accounts.py's; this module reads them off requests);
 - `header`: an authenticating proxy names the user in a header, believed only from --trusted-proxies.
 
 State-changing requests from a page of another origin are refused here too.
 """
 
-import hashlib
-import hmac
 import ipaddress
 import logging
 import math
-import secrets
 import time
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -24,13 +22,12 @@ from fastapi.responses import JSONResponse, RedirectResponse
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from pocketchat.accounts import LOCAL_USER, Accounts
 from pocketchat.limits import Limits
 from pocketchat.settings import Settings
-from pocketchat.store import Store, token_hash
 
 logger = logging.getLogger("pocketchat")
 
-LOCAL_USER = "local"
 SESSION_COOKIE = "pocketchat_session"
 VISITOR = "pocketchat.visitor"  # the scope key the middleware leaves for routes and sockets
 PUBLIC_PATHS = {"/login", "/healthz", "/livez", "/metrics"}  # none shows a secret or a conversation
@@ -38,9 +35,7 @@ PUBLIC_PATHS = {"/login", "/healthz", "/livez", "/metrics"}  # none shows a secr
 PUBLIC_PREFIXES = ("/static/", "/vendor/", "/s/", "/api/shared/")
 UNSAFE_METHODS = {"POST", "PUT", "PATCH", "DELETE"}
 SIGNED_OUT = 4401  # the WebSocket close code for "sign in first"; the page shows the sign-in page
-SESSION_CACHE_SECONDS = 5.0  # a session checked this recently is not read again (revocation: see AppState)
 MAX_USER_LENGTH = 256
-ACCESS_TOKEN_HASH = "access_token_hash"  # the name the database keeps a generated token's hash under
 
 
 @dataclass
@@ -79,27 +74,16 @@ class ThrottledWarning:
 
 
 class SignIn:
-    """Checks tokens, proxy headers and session cookies; keeps the secrets they need."""
+    """Tells who a request is from: its session cookie, or the proxy's header, believed from
+    --trusted-proxies only."""
 
-    def __init__(self, settings: Settings, store: Store, limits: Limits) -> None:
+    def __init__(self, settings: Settings, accounts: Accounts, limits: Limits) -> None:
         self.settings = settings
         self.mode = settings.auth_mode
-        self.store = store
+        self.accounts = accounts
         self.limits = limits
         self.proxies = [ipaddress.ip_network(network) for network in settings.trusted_proxies]
-        self._checked: dict[str, tuple[str, float]] = {}  # session id: (user, when)
         self.wrong_tokens = ThrottledWarning("a wrong sign-in token from %s")
-
-    async def start(self) -> None:
-        """Load (or make, on first start) the key that signs session cookies, and the access token."""
-        self._key = (await self.store.secret("session_key", lambda: secrets.token_urlsafe(32))).encode()
-        fixed = self.settings.token
-        self._fixed_token = fixed.get_secret_value() if fixed is not None else None
-        # The token to show in the sign-in link now: --token, or one made at this first start (the
-        # database keeps only its hash, so a token made earlier cannot be shown: --login-link makes another).
-        self.token: str | None = None
-        if self.mode == "token":
-            self.token = self._fixed_token or await first_access_token(self.store)
 
     # ---- who is asking ---------------------------------------------------------------------------
 
@@ -123,8 +107,8 @@ class SignIn:
             visitor.user = LOCAL_USER
         elif self.mode == "header":
             visitor.user = self._proxy_user(headers) if from_proxy else None
-        elif (cookie := _cookie(headers, SESSION_COOKIE)) and (session_id := self._unsign(cookie)):
-            visitor.user, visitor.session_id = await self._session_user(session_id), session_id
+        elif (cookie := _cookie(headers, SESSION_COOKIE)) and (session := await self.accounts.session_of(cookie)):
+            visitor.user, visitor.session_id = session
         return visitor
 
     def _proxy_user(self, headers: Headers) -> str | None:
@@ -150,63 +134,6 @@ class SignIn:
             if not self._trusted(hop):
                 return hop
         return hops[0] if hops else peer
-
-    async def _session_user(self, session_id: str) -> str | None:
-        cached = self._checked.get(session_id)
-        if cached and time.monotonic() - cached[1] < SESSION_CACHE_SECONDS:
-            return cached[0]
-        user = await self.store.session_user(session_id)
-        if user is None:
-            self._checked.pop(session_id, None)
-        else:
-            self._checked[session_id] = (user, time.monotonic())
-        return user
-
-    def forget(self, session_id: str) -> None:
-        self._checked.pop(session_id, None)
-
-    # ---- signing in ----------------------------------------------------------------------------
-
-    async def token_matches(self, token: str) -> bool:
-        """Whether `token` is --token, or the one whose hash the database keeps (read each time: another
-        process may have made a new one with --login-link). Compared in constant time, as bytes: a wrong
-        guess tells nothing of how close it came."""
-        if self._fixed_token is not None:
-            return hmac.compare_digest(token.encode(), self._fixed_token.encode())
-        kept = await self.store.read_secret(ACCESS_TOKEN_HASH)
-        return kept is not None and hmac.compare_digest(token_hash(token).encode(), kept.encode())
-
-    async def new_session(self) -> str:
-        """A new session for the local user; the signed cookie value that carries it."""
-        session_id = secrets.token_urlsafe(24)
-        await self.store.create_session(session_id, LOCAL_USER, self.settings.session_days * 86400)
-        return f"{session_id}.{self._signature(session_id)}"
-
-    def _signature(self, session_id: str) -> str:
-        return hmac.new(self._key, session_id.encode(), hashlib.sha256).hexdigest()
-
-    def _unsign(self, cookie: str) -> str | None:
-        """The session id a cookie carries, if its signature is ours. A cookie that is not even ASCII
-        (any service on this host can plant one: cookies ignore ports) is no session, like a missing one."""
-        if not cookie.isascii():
-            return None
-        session_id, _, signature = cookie.partition(".")
-        return session_id if hmac.compare_digest(signature, self._signature(session_id)) else None
-
-
-async def first_access_token(store: Store) -> str | None:
-    """On first start, a new access token (192 random bits), of which the database keeps the hash; None
-    if the database has one already (another replica may have made it a moment ago)."""
-    token = secrets.token_urlsafe(24)
-    kept = await store.secret(ACCESS_TOKEN_HASH, lambda: token_hash(token))
-    return token if kept == token_hash(token) else None
-
-
-async def new_access_token(store: Store) -> str:
-    """A new access token, replacing the one before (`--login-link`): the database keeps its hash."""
-    token = secrets.token_urlsafe(24)
-    await store.set_secret(ACCESS_TOKEN_HASH, token_hash(token))
-    return token
 
 
 def _forwarded_https(headers: Headers) -> bool:
@@ -263,7 +190,7 @@ class SignInMiddleware:
         if scope["type"] not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
-        sign_in: SignIn = scope["app"].state.chat.sign_in
+        sign_in: SignIn = scope["app"].state.sign_in
         visitor = scope[VISITOR] = await sign_in.visitor(scope)
         headers = Headers(scope=scope)
         path = scope["path"]

@@ -1,21 +1,15 @@
 """The `/ws` endpoint: one `Client` per WebSocket.
 
-A client reads frames and acts on them (hello, message, stop, ...). What it sends leaves through two
-sender tasks: one sends its own frames (ready, errors, conversation changes) in order, the other the
-turn logs it follows, one turn after another, each starting only once the frames queued before it
-(its `ready`) are out. Nobody waits for a socket: a conversation queues a frame and moves on. A
-socket that takes longer than `--send-timeout` to accept a frame, or lets too many frames queue up,
-has fallen behind: it is closed with 1013 and its page reconnects and resumes from the turn log.
+A client reads frames and acts on them (hello, message, stop, ...). What it sends goes through its
+`Outbox` (pocketchat/web/outbox.py), which never makes anyone wait for a socket, and closes one that
+falls behind.
 """
 
 import asyncio
 import contextlib
 import functools
 import logging
-import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import WebSocket
@@ -31,42 +25,12 @@ from pocketchat.store import SAVE_WAIT_SECONDS
 from pocketchat.tools.client import ClientTools
 from pocketchat.turn_log import TurnLog
 from pocketchat.turns import begin_turn
-from pocketchat.web.sign_in import SIGNED_OUT, VISITOR, Visitor, same_origin
+from pocketchat.web.outbox import Close, FellBehind, Outbox, SignedOut
+from pocketchat.web.sign_in import VISITOR, Visitor, same_origin
 
 logger = logging.getLogger("pocketchat")
 
-FRAMES, LOGS = 0, 1  # the two senders of a socket
-MAX_QUEUED = 256  # frames and logs waiting for one socket before it counts as fallen behind
-MAX_QUEUED_BYTES = 8 << 20  # and bytes: a `ready` carries the whole history, and hellos are cheap to send
 GONE = (WebSocketDisconnect, WebSocketDisconnected, OSError)  # the socket closed under us
-
-
-class Close(Exception):
-    """The socket must be closed with `code`."""
-
-    code = 1011
-
-
-class FellBehind(Close):
-    """The socket stopped accepting frames fast enough."""
-
-    code = 1013
-
-
-class SignedOut(Close):
-    """Its session was revoked: the page shows the sign-in page."""
-
-    code = SIGNED_OUT
-
-
-@dataclass
-class Follow:
-    """Send a turn log's frames after chunk `after_seq`, once the client's first `after_frames` frames are out."""
-
-    log: TurnLog
-    after_seq: int
-    conversation: Conversation | None
-    after_frames: int
 
 
 class Client:
@@ -77,71 +41,39 @@ class Client:
         self.state = state
         self.user = user
         self.conversation: Conversation | None = None
-        self._frames: deque[str] = deque()
-        self._follows: deque[Follow] = deque()
-        self._queued_bytes = 0
-        self._queued_frames = 0  # how many frames were ever queued; and sent:
-        self._sent_frames = 0
-        self._closing: Close | None = None
-        self._sending_since: list[float | None] = [None, None]  # by sender: FRAMES, LOGS
-        self._wake_frames = asyncio.Event()
-        self._wake_logs = asyncio.Event()
-        self._sending_log: tuple[Follow, asyncio.Task[None]] | None = None
+        self.outbox = Outbox(websocket, state.settings.send_timeout)
         self.tools = ClientTools(self.send)  # the tools this client declared, and its calls waiting for answers
 
     # ---- what a conversation calls (never waits) ----------------------------------------------
 
     def send(self, frame: dict[str, Any]) -> None:
-        self.send_text(protocol.encode(frame))
+        self.outbox.send_text(protocol.encode(frame))
 
     def send_text(self, text: str) -> None:
         """Queue a frame encoded already."""
-        if self._full():
-            return
-        self._frames.append(text)
-        self._queued_bytes += len(text)
-        self._queued_frames += 1
-        self._wake_frames.set()
+        self.outbox.send_text(text)
 
     def follow(self, log: TurnLog, after_seq: int) -> None:
-        if self._full():
-            return
-        self._follows.append(Follow(log, after_seq, self.conversation, self._queued_frames))
-        self._wake_logs.set()
+        self.outbox.follow(log, after_seq, self.conversation)
 
     def detach(self) -> None:
         """Leave the conversation: its logs are no longer followed; frames already queued still go."""
         if (conversation := self.conversation) is None:
             return
-        self._stop_following(conversation)
+        self.outbox.stop_following(conversation)
         self.conversation = None
         conversation.subscribers.discard(self)
         self.state.hub.release(conversation)
 
     def sign_out(self) -> None:
-        self._close(SignedOut("its session was revoked"))
-
-    def _close(self, reason: Close) -> None:
-        self._closing = self._closing or reason  # the frame sender closes the socket
-        self._wake_frames.set()
-
-    def _full(self) -> bool:
-        if len(self._frames) + len(self._follows) >= MAX_QUEUED:
-            self._close(FellBehind(f"over {MAX_QUEUED} frames waiting"))
-        elif self._queued_bytes > MAX_QUEUED_BYTES:
-            self._close(FellBehind(f"over {MAX_QUEUED_BYTES >> 20} MiB waiting"))
-        return self._closing is not None
-
-    def _stop_following(self, conversation: Conversation) -> None:
-        self._follows = deque(f for f in self._follows if f.conversation is not conversation)
-        if self._sending_log is not None and self._sending_log[0].conversation is conversation:
-            self._sending_log[1].cancel()
+        self.outbox.close(SignedOut("its session was revoked"))
 
     # ---- the socket's loops --------------------------------------------------------------------
 
     async def serve(self) -> None:
         """Read and send until the socket closes, or must be closed (1013: fell behind; 1011: a bug)."""
-        loops = (self._read, self._send_frames, self._send_logs, self._watch_sends)
+        outbox = self.outbox
+        loops = (self._read, outbox.send_frames, outbox.send_logs, outbox.watch_sends)
         tasks = [asyncio.create_task(loop()) for loop in loops]
         try:
             await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
@@ -177,65 +109,13 @@ class Client:
             except ProtocolError as error:
                 self.send(protocol.error(error))
 
-    async def _send_frames(self) -> None:
-        while True:
-            while not self._frames or self._closing is not None:
-                if self._closing is not None:
-                    raise self._closing
-                self._wake_frames.clear()
-                await self._wake_frames.wait()
-            await self._send_text(self._frames[0], FRAMES)
-            self._queued_bytes -= len(self._frames.popleft())
-            self._sent_frames += 1
-            self._wake_logs.set()  # a follow may have waited for this frame (its `ready`)
-
-    async def _send_logs(self) -> None:
-        while True:
-            if not self._follows or self._sent_frames < self._follows[0].after_frames:
-                self._wake_logs.clear()
-                await self._wake_logs.wait()
-                continue
-            follow = self._follows.popleft()
-            # Its own task, so that detaching can stop it without stopping this loop.
-            task = asyncio.create_task(self._send_frames_of(follow))
-            self._sending_log = (follow, task)
-            try:
-                await task
-            except asyncio.CancelledError:
-                if asyncio.current_task().cancelling():  # type: ignore[union-attr]
-                    raise  # this loop is stopped, not only the log's sending
-            finally:
-                self._sending_log = None
-                task.cancel()
-
-    async def _send_frames_of(self, follow: Follow) -> None:
-        async for text in follow.log.follow(follow.after_seq):
-            await self._send_text(text, LOGS)
-
-    async def _send_text(self, text: str, sender: int) -> None:
-        # When the send began, for `_watch_sends`: one clock read a frame, not a timer per frame.
-        self._sending_since[sender] = time.monotonic()
-        try:
-            await self.websocket.send_text(text)
-        finally:  # a log's sending may be cancelled (the socket left its conversation)
-            self._sending_since[sender] = None
-
-    async def _watch_sends(self) -> None:
-        """A send that takes longer than --send-timeout means the socket fell behind: close it."""
-        timeout = self.state.settings.send_timeout
-        while True:
-            await asyncio.sleep(timeout / 4)
-            now = time.monotonic()
-            if any(since is not None and now - since > timeout for since in self._sending_since):
-                raise FellBehind(f"a frame waited over {timeout:g} s")
-
     # ---- frames from the client ----------------------------------------------------------------
 
     async def handle(self, frame: protocol.ClientFrame) -> None:
         if isinstance(frame, protocol.Hello):
             if frame.tools is not None:
                 self.tools.declare(frame.tools)
-            await self.hello(frame.conversation)
+            await self.hello(frame.conversation_id)
             return
         if isinstance(frame, protocol.ToolCallAck):
             self.tools.acknowledge(frame.call_id)
@@ -343,7 +223,7 @@ class Client:
         previous, self.conversation = self.conversation, conversation
         conversation.subscribers.add(self)
         if previous is not None:
-            self._stop_following(previous)
+            self.outbox.stop_following(previous)
             if previous is not conversation:
                 previous.subscribers.discard(self)
                 self.state.hub.release(previous)
@@ -368,7 +248,7 @@ async def chat_socket(websocket: WebSocket) -> None:
         return
     client = Client(websocket, state, user)
     if visitor.session_id is not None:
-        state.add_socket(visitor.session_id, client)
+        state.accounts.add_socket(visitor.session_id, client)
     state.metrics.sockets.inc()
     try:
         await client.serve()
@@ -376,4 +256,4 @@ async def chat_socket(websocket: WebSocket) -> None:
         state.metrics.sockets.dec()
         await state.limits.socket_closed(user)
         if visitor.session_id is not None:
-            state.remove_socket(visitor.session_id, client)
+            state.accounts.remove_socket(visitor.session_id, client)

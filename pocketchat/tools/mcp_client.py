@@ -1,6 +1,6 @@
-"""One configured MCP server, run with the official `mcp` SDK (stdio or streamable HTTP): started,
-its tools listed and refreshed, called with a timeout, and started again after a failure. Loaded only
-when the operator configured servers (`pocketchat/tools/mcp.py`)."""
+"""The client side of one configured MCP server, with the official `mcp` SDK (stdio or streamable HTTP):
+the server started, its tools listed and refreshed, called with a timeout, and started again after a
+failure. Loaded only when the operator configured servers (`pocketchat/tools/mcp.py`)."""
 
 import asyncio
 import contextlib
@@ -19,19 +19,15 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
 from pocketchat.tools import WIRE_NAME, CallContext, Tool, ToolFailed, wire_name
-from pocketchat.tools.mcp import (
-    ERROR_CHARACTERS,
-    REFRESH_SECONDS,
-    RETRY_SECONDS,
-    STEADY_SECONDS,
-    ServerConfig,
-    StdioServer,
-    secrets_of,
-)
+from pocketchat.tools.mcp_config import ServerConfig, StdioServer, secrets_of
 from pocketchat.tools.mcp_stdio import JunkLines, LineTooLong, bounded_stdio_client
 from utils.clean import DESCRIPTION_CHARACTERS, clean_json, clean_text
 
 logger = logging.getLogger("pocketchat")
+REFRESH_SECONDS = 30.0  # how often a running server's tools are listed again (which also says it is alive)
+RETRY_SECONDS = (1.0, 60.0)  # the first wait before starting a failed server again, and the longest
+STEADY_SECONDS = 60.0  # a server that ran this long before failing starts again after the shortest wait
+ERROR_CHARACTERS = 300
 
 
 def text_of(result: types.CallToolResult) -> str:
@@ -46,8 +42,9 @@ def text_of(result: types.CallToolResult) -> str:
     return "\n".join(parts)
 
 
-class McpServer:
-    """One configured server, kept running by `run` (its own task, for the app's life)."""
+class McpClient:
+    """The client of one configured server, which it keeps running by `run` (its own task, for the app's
+    life)."""
 
     def __init__(self, name: str, config: ServerConfig, start_timeout: float, max_tools: int) -> None:
         self.name = name
