@@ -8,7 +8,7 @@ which every attached socket follows. A node shows itself in the page with `log.a
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pocketflow import AsyncNode, AsyncParallelBatchNode
@@ -126,7 +126,8 @@ class Found:
     passages: list[Passage]
     failure: str | None = None  # why the documents could not be searched
     seconds: float | None = None  # how long the search took, when there were documents to search
-    none_ready: bool = False  # the documents were read and none was ready
+    none_ready: bool = False  # the documents were read, and none was ready or on its way
+    waiting: list[str] = field(default_factory=list)  # the names of those still being indexed
 
 
 PASSAGES = 5  # passages a reply gets, when its documents are too big to be given whole
@@ -160,13 +161,14 @@ class RetrieveDocuments(AsyncNode):
         started = time.perf_counter()
         documents = await request.store.list_documents(request.conversation_id, request.owner)
         ready = [document for document in documents if document.status == "ready"]
+        waiting = [document.name for document in documents if document.status == "indexing"]
         if not ready:
-            return Found([], none_ready=True)
+            return Found([], none_ready=not waiting, waiting=waiting)
         passages = await passages_for(
             request.store, request.vectors, request.embedder, ready, request.owner, request.question, request.budget,
             PASSAGES,
         )  # fmt: skip
-        return Found(passages, seconds=time.perf_counter() - started)
+        return Found(passages, seconds=time.perf_counter() - started, waiting=waiting)
 
     async def exec_fallback_async(self, request: RetrievalRequest, exc: Exception) -> Found:
         # The reply goes on without its documents rather than failing; a status step says so.
@@ -179,7 +181,16 @@ class RetrieveDocuments(AsyncNode):
         if found.seconds is not None:
             shared["documents"].metrics.retrieval.observe(found.seconds)
         if found.failure:
-            shared["log"].append_step("RetrieveDocuments", "status", found.failure)
+            shared["log"].append_step("RetrieveDocuments", "status", found.failure, shape="text")
+        if found.waiting:
+            # Said, not silent: the person would think the reply read them.
+            names = ", ".join(f"“{name}”" for name in found.waiting)
+            one = len(found.waiting) == 1
+            said = (
+                f"Not read yet: {names} {'is' if one else 'are'} still being indexed, so this reply does not use "
+                f"{'it' if one else 'them'}. Ask again once {'it is' if one else 'they are'} ready."
+            )
+            shared["log"].append_step("RetrieveDocuments", "not_ready", said, shape="text")
         if not found.passages:
             return
         shared["context"].extend(Snippet(passage.text, passage.source) for passage in found.passages)

@@ -14,6 +14,7 @@ import { SharePanel } from "./share.js";
 import { Shortcuts } from "./shortcuts.js";
 import { ConversationList } from "./sidebar.js";
 import { ToolsPanel } from "./tools.js";
+import { withStep } from "./steps.js";
 import { Transcript } from "./transcript.js";
 import { acceptFiles } from "./uploads.js";
 import { lockVersions, makeRoomAfter, showPath, startEdit, switchFrame } from "./versions.js";
@@ -168,8 +169,7 @@ const handlers = {
   step(frame) {
     const running = state.running;
     if (!running || running.turnId !== frame.turn_id) return;
-    const step = { node: frame.node, kind: frame.kind, data: frame.data };
-    transcript.update(running.view, { steps: [...running.view.message.steps, step] });
+    transcript.update(running.view, { steps: withStep(running.view.message.steps, frame) });
   },
 
   turn_end(frame) {
@@ -370,6 +370,14 @@ $("transcript").addEventListener("click", (event) => {
   if (button.dataset.action === "suggestion") {
     composer.put(button.textContent);
     ui.input.focus();
+  }
+  if (button.dataset.action === "step-send") {
+    composer.put(button.dataset.send);
+    composer.submit(); // as if typed and sent (while a reply streams, Enter's rule: it waits in the box)
+  }
+  if (button.dataset.action === "step-press") {
+    const { messageId, step, button: pressed } = button.dataset;
+    if (connection.send({ type: "press", message_id: messageId, step, button: pressed })) button.disabled = true;
   }
 });
 ui.modelPicker.addEventListener("change", () => changeConversation({ model: ui.modelPicker.value }));

@@ -5,7 +5,7 @@
 import { element } from "./dom.js";
 import { imageUrl, thumbnail } from "./images.js";
 import { MarkdownView } from "./markdown.js";
-import { renderSteps } from "./steps.js";
+import { drawShaped, isInline, renderSteps } from "./steps.js";
 import { renderVersions } from "./versions.js";
 
 const BATCH = 25;
@@ -55,7 +55,11 @@ class MessageView {
     this.body = element("div", "body");
     this.steps = element("div", "steps");
     this.steps.hidden = true;
+    this.stepsBelow = element("div", "steps below");
+    this.stepsBelow.hidden = true;
+    this.conversationId = conversationId;
     this.renderedSteps = null;
+    this.inlineKey = ""; // where the inline steps split the text, as drawn
     this.notice = element("p", "notice");
     this.notice.hidden = true;
     this.meta = element("p", "meta");
@@ -64,10 +68,11 @@ class MessageView {
     this.versions.hidden = true;
     const footer = element("div", "message-footer");
     footer.append(this.versions, this.actions);
-    this.root.append(this.reasoning, this.steps, this.body, this.notice, this.meta, footer);
+    this.root.append(this.reasoning, this.steps, this.body, this.stepsBelow, this.notice, this.meta, footer);
     // A message's images never change (an edit is a new message): drawn once.
     if (message.images?.length) this.root.insertBefore(messageImages(conversationId, message.images), this.body);
     this.markdown = message.role === "user" ? null : new MarkdownView(this.body);
+    this.segments = null; // with inline steps: [{view, box}] the text is drawn in, a step between each two
     this.renderedText = null;
   }
 
@@ -85,15 +90,20 @@ class MessageView {
     this.root.dataset.id = m.id || "";
     this.root.dataset.status = m.status;
     this.root.setAttribute("aria-busy", m.status === "streaming" ? "true" : "false");
+    const inline = this.markdown ? m.steps.filter(isInline).sort((a, b) => a.at - b.at) : [];
+    const inlineKey = inline.map((step) => `${step.node}:${step.id ?? ""}:${step.at}`).join(",");
+    if (inlineKey !== this.inlineKey) this.splitBody(inline, inlineKey);
     if (m.content !== this.renderedText) {
-      if (this.markdown) this.markdown.render(m.content);
+      if (this.segments) this.renderSegments(inline, m.content);
+      else if (this.markdown) this.markdown.render(m.content);
       else this.body.textContent = m.content;
       this.renderedText = m.content;
     }
-    const stepsKey = `${m.steps.length}:${m.status}`;
-    if (stepsKey !== this.renderedSteps) {
-      renderSteps(this.steps, m.steps, m.status === "streaming");
-      this.renderedSteps = stepsKey;
+    if (m.steps !== this.renderedSteps?.steps || m.status !== this.renderedSteps.status || m.meta !== this.renderedSteps.meta) {
+      const context = { conversationId: this.conversationId, message: m };
+      renderSteps({ above: this.steps, below: this.stepsBelow }, m.steps, m.status === "streaming", context);
+      if (this.segments) this.drawInline(inline, context);
+      this.renderedSteps = { steps: m.steps, status: m.status, meta: m.meta };
     }
     this.reasoning.hidden = !m.reasoning;
     if (m.reasoning) this.reasoning.lastElementChild.textContent = m.reasoning;
@@ -103,6 +113,38 @@ class MessageView {
     this.notice.classList.toggle("error", Boolean(m.error) || m.status === "error");
     this.meta.textContent = m.status === "streaming" ? "" : describeMeta(m.meta);
     renderVersions(this.versions, m);
+  }
+
+  /** Lay the text out again in segments, one more than the inline steps, each step between two. */
+  splitBody(inline, key) {
+    this.inlineKey = key;
+    this.renderedText = null;
+    this.renderedSteps = null;
+    if (!inline.length) {
+      this.segments = null;
+      this.body.replaceChildren();
+      this.markdown = new MarkdownView(this.body);
+      return;
+    }
+    this.segments = [];
+    const parts = [];
+    for (let i = 0; i <= inline.length; i++) {
+      const box = element("div", "segment");
+      this.segments.push({ view: new MarkdownView(box), box });
+      parts.push(box);
+      if (i < inline.length) parts.push(element("div", "inline-step"));
+    }
+    this.body.replaceChildren(...parts);
+  }
+
+  renderSegments(inline, content) {
+    const cuts = [0, ...inline.map((step) => Math.min(step.at, content.length)), content.length];
+    this.segments.forEach((segment, i) => segment.view.render(content.slice(cuts[i], cuts[i + 1])));
+  }
+
+  drawInline(inline, context) {
+    const places = this.body.querySelectorAll(":scope > .inline-step");
+    inline.forEach((step, i) => places[i]?.replaceChildren(drawShaped(step, context) ?? ""));
   }
 }
 

@@ -255,6 +255,7 @@ def fake_server() -> Iterator[FakeOpenAI]:
 def fake(fake_server: FakeOpenAI) -> FakeOpenAI:
     fake_server.script.clear()
     fake_server.titles.clear()
+    fake_server.embed_delay = 0.0
     fake_server.requests.clear()
     fake_server.hangups = 0
     fake_server.completed = 0

@@ -90,6 +90,7 @@ class FakeOpenAI:
         # A conversation's title, asked after its first reply (utils/titles.py), is answered from a script
         # of its own: a test of replies scripts what it tests, whatever else the flow asks.
         self.titles: deque[Reply] = deque()
+        self.embed_delay = 0.0  # seconds each /embeddings answer waits: a document that takes long to index
         self.requests: list[dict[str, Any]] = []
         self.hangups = 0
         self.completed = 0
@@ -162,6 +163,7 @@ class FakeOpenAI:
             data = {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "fake"} for m in MODELS]}
             self._json(writer, 200, data)
         elif method == "POST" and path.endswith("/embeddings"):
+            await asyncio.sleep(self.embed_delay)
             inputs = request["json"]["input"]
             data = [
                 {"object": "embedding", "index": i, "embedding": word_vector(text)} for i, text in enumerate(inputs)

@@ -111,3 +111,28 @@ def test_refused_files_are_said_as_messages_and_a_document_can_be_removed(page: 
     expect(item).to_have_attribute("data-status", "ready", timeout=60_000)
     item.get_by_role("button", name="Remove “notes.md”").click()
     expect(page.locator("#documents")).to_be_hidden()
+
+
+@pytest.mark.parametrize("viewport", [{"width": 1280, "height": 800}, {"width": 390, "height": 844}])
+def test_a_question_asked_while_a_document_is_indexed_says_it_was_not_read(browser, start_app, fake, viewport):
+    """Issue 32, item 2: the reply used to go on without the document, with no word."""
+    app = start_app("--embedding-model", "fake-embedder")
+    fake.embed_delay = 8.0  # the document stays `indexing` for the whole test
+    context = browser.new_context(base_url=app.url, viewport=viewport)
+    page = context.new_page()
+    page.goto("/")
+    expect(page.locator("#send")).to_be_enabled()
+    page.locator("#file-picker").set_input_files(
+        [{"name": "invoice.md", "mimeType": "text/markdown", "buffer": b"Invoice 42: 300 euros, due in May."}]
+    )
+    expect(page.locator("#documents .document")).to_contain_text("invoice.md")
+    page.locator("#input").fill("How much is the invoice?")
+    page.locator("#input").press("Enter")
+    reply = page.locator(".message.assistant").last
+    expect(reply.locator(".step-text")).to_have_text(
+        "Not read yet: “invoice.md” is still being indexed, so this reply does not use it. Ask again once it is ready."
+    )
+    expect(reply).to_have_attribute("data-status", "complete")
+    page.reload()  # kept with the reply
+    expect(page.locator(".message.assistant").last.locator(".step-text")).to_contain_text("Not read yet")
+    context.close()
