@@ -78,6 +78,7 @@ class Turn:
     client_tools: "ClientTools | None" = None  # of the socket that started it: the tools its client declared
     done: asyncio.Event = field(default_factory=asyncio.Event)  # set when it has ended, here or elsewhere
     image_copies: list[tuple[str, str]] = field(default_factory=list)  # an edit's: (original id, copy id)
+    awaiting: dict[str, asyncio.Future[str]] = field(default_factory=dict)  # presses its nodes wait for, by step
 
     def reply_so_far(self) -> Message:
         """The reply, with the text, reasoning and steps its log holds now."""
@@ -341,6 +342,14 @@ class Conversation:
         turn.done.set()
         if self.turn is turn:
             self.turn = None
+
+    def keep_press(self, frame: dict[str, Any]) -> None:
+        """A reply's button was pressed (a `pressed` frame, here or on another replica): kept, and told."""
+        message = self.tree.get(frame["message_id"])
+        if message is not None:
+            presses = {**message.meta.get("presses", {}), frame["step"]: frame["button"]}
+            message.meta = {**message.meta, "presses": presses}
+        self.broadcast(frame)
 
     def broadcast(self, frame: dict[str, Any]) -> None:
         """Queue a frame for every attached socket; a slow socket holds up nobody."""

@@ -160,7 +160,19 @@ class ToolResult(_Frame):
     error: Annotated[str, StringConstraints(strict=True, max_length=4000), Unicode] | None = None
 
 
-ClientFrame = Hello | UserMessage | Stop | Regenerate | Edit | Switch | ToolCallAck | ToolCallNack | ToolResult
+StepName = Annotated[str, StringConstraints(strict=True, pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+
+
+class Press(_Frame):
+    """A button of a step pressed: back to the flow that showed it (pocketchat/presses.py)."""
+
+    type: Literal["press"]
+    message_id: Annotated[str, StringConstraints(strict=True, min_length=1, max_length=64), Unicode]
+    step: StepName
+    button: StepName
+
+
+ClientFrame = Hello | UserMessage | Stop | Regenerate | Edit | Switch | ToolCallAck | ToolCallNack | ToolResult | Press
 CLIENT_FRAME_TYPES = [frame.model_fields["type"].annotation.__args__[0] for frame in ClientFrame.__args__]
 _client_frame: TypeAdapter[ClientFrame] = TypeAdapter(Annotated[ClientFrame, Field(discriminator="type")])
 
@@ -340,6 +352,17 @@ def conversation_ids(conversation_id: str) -> dict[str, str]:
     return {"conversation_id": conversation_id, OLD_CONVERSATION_ID: conversation_id}
 
 
+def pressed(conversation_id: str, message_id: str, step: str, button: str) -> dict[str, Any]:
+    """A button of a reply's step was pressed (once, for good): every page shows it chosen."""
+    return {
+        "type": "pressed",
+        "conversation_id": conversation_id,
+        "message_id": message_id,
+        "step": step,
+        "button": button,
+    }
+
+
 def document(conversation_id: str, state: dict[str, Any]) -> dict[str, Any]:
     """A document of the conversation changed: `state` is its `{id, name, size, status, progress,
     chunks, error?}`, or `{id, status: "removed"}`."""
@@ -368,6 +391,7 @@ SERVER_FRAME_TYPES = [
     "conversation",
     "deleted",
     "document",
+    "pressed",
     "tool_call",
     "tool_call_cancel",
     "error",

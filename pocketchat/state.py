@@ -19,6 +19,7 @@ from pocketchat.images import Images
 from pocketchat.jobs import Jobs
 from pocketchat.limits import UPLOADS_AT_ONCE, LocalGauge
 from pocketchat.metrics import Metrics
+from pocketchat.presses import handlers_of
 from pocketchat.settings import Settings
 from pocketchat.store import Store
 from pocketchat.tools.catalog import Catalog
@@ -44,6 +45,7 @@ class AppState:
         self.provider = provider
         # Built once: PocketFlow runs each turn on copies of its nodes, so turns share it safely.
         self.flow: AsyncFlow = flows[settings.flow].create(settings)
+        self.press_handlers = handlers_of([self.flow])  # a step's button goes back to its node's on_press
         self.hub = Hub(store)
         self.coordinator: Coordinator = make_coordinator(settings, self.hub, store)
         self.hub.coordinator = self.coordinator  # asked for turn logs, and of conversations elsewhere

@@ -6,6 +6,7 @@ places, never a node's name or kind: a new node is drawn with no page change, an
 a shape still shows the step plainly.
 """
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
@@ -59,16 +60,25 @@ def step(
     if display is not None:
         frame["display"] = _one_of(display, DISPLAYS, "display")
     if step_id is not None:
-        frame["id"] = step_id
+        frame["id"] = _name(step_id, "id")
     if buttons:
         if len(buttons) > MAX_BUTTONS or len({button.id for button in buttons}) < len(buttons):
             raise ValueError(f"A step has {MAX_BUTTONS} buttons at most, each with an id of its own.")
         if step_id is None:
             raise ValueError("A step with buttons needs an id: a press names it.")
-        frame["buttons"] = [button.to_wire() for button in buttons]
+        frame["buttons"] = [{**button.to_wire(), "id": _name(button.id, "button id")} for button in buttons]
     if at is not None:
         frame["at"] = at
     return frame
+
+
+NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # a step's id, a button's: what a press names
+
+
+def _name(value: str, what: str) -> str:
+    if not NAME.fullmatch(value):
+        raise ValueError(f"A step's {what} is 1 to 64 letters, digits, _ or -: not {value[:80]!r}.")
+    return value
 
 
 def _one_of(value: str, allowed: tuple[str, ...], what: str) -> str:

@@ -135,6 +135,14 @@ const handlers = {
     announce("The assistant is replying.");
   },
 
+  pressed(frame) {
+    if (frame.conversation_id !== transcript.conversationId) return;
+    const view = transcript.find(frame.message_id);
+    if (!view) return;
+    const meta = view.message.meta ?? {};
+    transcript.update(view, { meta: { ...meta, presses: { ...(meta.presses ?? {}), [frame.step]: frame.button } } });
+  },
+
   path(frame) {
     if (frame.conversation_id !== state.conversationId) return;
     showPath(transcript, frame.history);

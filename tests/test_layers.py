@@ -22,7 +22,7 @@ LAYERS = [
     ["search", "shares", "transfer", "tools", "documents", "accounts"],
     ["images", "paths"],
     ["conversations"],
-    ["cluster"],
+    ["cluster", "presses"],
     ["state"],
     ["turns"],
     ["web"],

@@ -86,6 +86,10 @@ class Coordinator(Protocol):
     def changed(self, conversation: Conversation, names: Collection[str]) -> None:
         """Fields of its record changed here: the other replicas' sockets are told."""
 
+    def pressed(self, conversation_id: str, frame: dict[str, Any]) -> None:
+        """A button of a reply was pressed here (`frame`, recorded): the other replicas keep it and tell their
+        sockets."""
+
     def documents_changed(self, conversation_id: str, frame: dict[str, Any]) -> None:
         """A document of the conversation changed state here (`frame`): the other replicas' sockets are told."""
 

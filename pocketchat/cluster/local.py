@@ -48,6 +48,9 @@ class LocalCoordinator(NoOtherReplicas):
     def documents_changed(self, conversation_id: str, frame: dict[str, Any]) -> None:
         return None
 
+    def pressed(self, conversation_id: str, frame: dict[str, Any]) -> None:
+        return None
+
     async def hold_for_switch(self, conversation_id: str) -> str | None:
         return None  # one process: its conversation's turn, checked by the switch itself, is the only one
 

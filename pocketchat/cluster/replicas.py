@@ -293,6 +293,9 @@ class Replicas:
         event = {"kind": "switched", "conversation": conversation_id, "leaf": leaf_id, "version": version}
         self._errands.run(self._publish(event))
 
+    def pressed(self, conversation_id: str, frame: dict[str, Any]) -> None:
+        self._errands.run(self._publish({"kind": "pressed", "conversation": conversation_id, "frame": frame}))
+
     def documents_changed(self, conversation_id: str, frame: dict[str, Any]) -> None:
         """Tell the other replicas' sockets on the conversation of a document's new state (`document` frame)."""
         self._errands.run(self._publish({"kind": "document", "conversation": conversation_id, "frame": frame}))
@@ -345,6 +348,8 @@ class Replicas:
             state = event["frame"]["document"]
             if state["status"] == "removed" and self.on_documents_removed is not None:
                 self.on_documents_removed(conversation_id, state["id"])  # its indexing here stops
+        elif kind == "pressed" and live is not None:
+            live.keep_press(event["frame"])
         elif kind == "switched" and live is not None:
             self.hub.paths.told(live, event["leaf"], event.get("version"))
         elif kind == "deleted":

@@ -54,6 +54,10 @@ class Store(Protocol):
     ) -> asyncio.Future[Any]:
         """Write these fields of the record (of `RECORD_FIELDS`), and only these."""
 
+    async def record_press(self, conversation_id: str, message_id: str, step: str, button: str) -> bool:
+        """Keep that `button` of the reply's step `step` was pressed (`meta.presses`), unless one of its buttons
+        was already (then False: a press is once)."""
+
     def name_conversation(self, record: ConversationRecord, replacing: str | None = None) -> asyncio.Future[Any]:
         """Write the record's title if the stored conversation has none yet (a turn naming it)."""
 

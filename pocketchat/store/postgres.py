@@ -301,6 +301,19 @@ class PostgresStore(
 
         return work
 
+    def _press(self, conversation_id: str, message_id: str, step: str, button: str) -> Work[bool]:
+        meta = "coalesce(meta, '{}')::jsonb"
+        query = (
+            f"UPDATE messages SET meta = jsonb_set({meta}, '{{presses}}',"
+            f" coalesce({meta} -> 'presses', '{{}}') || jsonb_build_object($1::text, $2::text))::text"
+            f" WHERE id = $3 AND conversation_id = $4 AND status != 'streaming' AND {meta} -> 'presses' -> $1 IS NULL"
+        )
+
+        async def work(db: asyncpg.Connection) -> bool:
+            return await db.execute(query, step, button, message_id, conversation_id) == "UPDATE 1"
+
+        return work
+
     def _interrupt(self, message: Message) -> Work[str]:
         query = (
             "UPDATE messages SET content = $1, reasoning = $2, status = 'interrupted', error = $3,"

@@ -56,6 +56,13 @@ class QueuedStore(WriteQueue[D]):
         names = [name for name in RECORD_FIELDS if name in fields]  # named here, never by the caller
         return self._write(self._update(record, names), record.id)
 
+    async def record_press(self, conversation_id: str, message_id: str, step: str, button: str) -> bool:
+        return await self._write(self._press(conversation_id, message_id, step, button), conversation_id, retry=False)
+
+    def _press(self, conversation_id: str, message_id: str, step: str, button: str) -> Work:
+        """Add `step: button` to the message's `meta.presses` if `step` is not there yet; whether it was added."""
+        raise NotImplementedError
+
     def name_conversation(self, record: ConversationRecord, replacing: str | None = None) -> asyncio.Future[Any]:
         """Write the record's title if the stored one is still `replacing` (none, for the first: a turn naming
         the conversation; its first message's start, for the model's title after it): a rename meanwhile, on

@@ -325,6 +325,15 @@ class SqliteStore(SqliteShares, SqliteAttachments, SqliteSearch, SqliteTransfer,
             query, args = query + " AND path_version = ?", (*args, path.expected)
         return lambda db: db.execute(query, args).rowcount > 0
 
+    def _press(self, conversation_id: str, message_id: str, step: str, button: str) -> Work[bool]:
+        # Step ids are letters, digits, _ and - (pocketchat/steps.py): a JSON path of their own.
+        path = f'$.presses."{step}"'
+        query = (
+            "UPDATE messages SET meta = json_set(coalesce(meta, '{}'), ?, ?) WHERE id = ? AND conversation_id = ?"
+            " AND status != 'streaming' AND json_extract(coalesce(meta, '{}'), ?) IS NULL"
+        )
+        return lambda db: db.execute(query, (path, button, message_id, conversation_id, path)).rowcount > 0
+
     def _interrupt(self, message: Message) -> Work[Any]:
         query = "UPDATE messages SET content = ?, reasoning = ?, status = 'interrupted', error = ?,"
         query += " meta = coalesce(?, meta) WHERE id = ? AND status = 'streaming'"

@@ -19,6 +19,7 @@ from pocketchat import protocol
 from pocketchat.conversations import Conversation, Turn, TurnIds
 from pocketchat.errors import BadFrame, ProtocolError, RateLimited, StorageError
 from pocketchat.paths import Again
+from pocketchat.presses import press
 from pocketchat.records import ImageRecord
 from pocketchat.state import AppState, chat_state
 from pocketchat.store import SAVE_WAIT_SECONDS
@@ -146,6 +147,13 @@ class Client:
             raise BadFrame(f"Say hello first: a '{frame.type}' needs a conversation.")
         elif isinstance(frame, protocol.Switch):
             await self.switch(conversation, frame.message_id)
+            return
+        elif isinstance(frame, protocol.Press):
+            await self.state.limits.take_change(self.user)
+            state = self.state
+            told = await press(conversation, frame, self.user, state.store, state.settings, state.press_handlers)
+            if told is not None:
+                state.coordinator.pressed(conversation.id, told)  # the other replicas' pages
             return
         else:
             answered = (
