@@ -375,10 +375,6 @@ $("transcript").addEventListener("click", (event) => {
     });
   }
   if (button.dataset.action === "copy-reply" && view) navigator.clipboard.writeText(view.message.content).catch(() => {});
-  if (button.dataset.action === "suggestion") {
-    composer.put(button.textContent);
-    ui.input.focus();
-  }
   if (button.dataset.action === "step-send") {
     composer.put(button.dataset.send);
     composer.submit(); // as if typed and sent (while a reply streams, Enter's rule: it waits in the box)

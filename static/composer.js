@@ -46,7 +46,7 @@ export class Composer {
     }
   }
 
-  /** Put `text` in the box (an example prompt, a suggestion, a refused message back). */
+  /** Put `text` in the box (an example prompt, a step's button, a refused message back). */
   put(text) {
     this.input.value = text;
     this.autosize();

@@ -1,7 +1,7 @@
 // What the nodes of a turn show (`step` frames, docs/protocol.md "How a node shows itself"). A step names a
 // shape the page draws (text, markdown, keyvalue, table, links, image, progress) and a place (above the
 // reply, below it, inline where it came, or hidden), with buttons under it; the page knows shapes and
-// places, never a node's name. A few kinds of the page's own (sources, tool calls, a streaming status)
+// places, never a node's name. A few kinds of the app's own nodes (sources, tool calls, a streaming status)
 // are drawn for what they are; a step of no shape the page knows is shown plainly (node, kind, data).
 // Everything goes in as text, never as markup, but Markdown, which is sanitized as replies are.
 import { element } from "./dom.js";
@@ -29,18 +29,6 @@ function sources(step) {
     list.append(entry);
   }
   return list;
-}
-
-function suggestions(step) {
-  const box = element("div", "suggestions");
-  box.setAttribute("aria-label", "Suggested follow-ups");
-  for (const text of Array.isArray(step.data) ? step.data : []) {
-    const button = element("button", "suggestion", String(text));
-    button.type = "button";
-    button.dataset.action = "suggestion";
-    box.append(button);
-  }
-  return box;
 }
 
 function toolCall(step, results) {
@@ -194,7 +182,6 @@ export function renderSteps(places, steps, streaming, context) {
     if (shaped) (step.display === "below" ? below : above).push(shaped);
     else if (step.kind === "status" || step.kind === "tool_result") continue;
     else if (step.kind === "sources") above.push(sources(step));
-    else if (step.kind === "suggestions") { if (!streaming) below.push(suggestions(step)); }
     else if (step.kind === "tool_call") above.push(toolCall(step, results));
     else above.push(other(step));
   }

@@ -18,7 +18,9 @@ from tests.fake_openai import FakeOpenAI, Reply
 pytestmark = pytest.mark.browser
 
 GUIDE = (ROOT / "docs" / "add-a-node.md").read_text()
-BLOCKS = re.findall(r"```python\n# (\S+): ([^\n]*)\n(.*?)```", GUIDE, re.S)
+FIRST, SECOND = GUIDE.split("\n## Part 2", 1)
+BLOCK = re.compile(r"```python\n# (\S+): ([^\n]*)\n(.*?)```", re.S)
+BLOCKS, SECOND_BLOCKS = BLOCK.findall(FIRST), BLOCK.findall(SECOND)
 AFTER_THE_REPLY = re.compile(r"(after_a_complete_reply: list\[AsyncNode\] = \[)([^\]]*)\]")
 
 
@@ -93,7 +95,22 @@ def chat(browser: Browser, app: AppProcess, text: str) -> Page:
     return page
 
 
-def test_the_guides_node_is_four_blocks_whose_test_passes_and_whose_suggestions_a_browser_shows(
+def applied(tmp_path: Path, blocks: list[tuple[str, str, str]], node: str, test: str) -> Path:
+    """A copy of this checkout with a part of the guide applied (`node` named in flow.py's imports), whose
+    own test, `test`, passed there."""
+    copy = copy_of_checkout(tmp_path / "copy")
+    for path, how, code in blocks:
+        apply(copy, path, how, code)
+    flow = (copy / "flow.py").read_text()
+    (copy / "flow.py").write_text(flow.replace("    BuildPrompt,", f"    BuildPrompt,\n    {node},", 1))
+    guide_test = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test], cwd=copy, capture_output=True, text=True
+    )
+    assert guide_test.returncode == 0 and "1 passed" in guide_test.stdout, guide_test.stdout + guide_test.stderr
+    return copy
+
+
+def test_the_guides_follow_ups_are_four_blocks_whose_test_passes_and_whose_buttons_send_the_question(
     tmp_path, fake, browser, start
 ):
     assert [path for path, _, _ in BLOCKS] == [
@@ -103,33 +120,59 @@ def test_the_guides_node_is_four_blocks_whose_test_passes_and_whose_suggestions_
         "flow.py",
         "tests/test_follow_ups.py",
     ]
-    copy = copy_of_checkout(tmp_path / "copy")
-    for path, how, code in BLOCKS:
-        apply(copy, path, how, code)
-    changed = {"nodes.py", "flow.py", "utils/follow_ups.py", "tests/test_follow_ups.py"}
-    assert changed_files(copy) == changed
-    flow = (copy / "flow.py").read_text()
-    (copy / "flow.py").write_text(flow.replace("BuildPrompt,", "BuildPrompt, SuggestFollowUps,", 1))
-
-    guide_test = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_follow_ups.py"],
-        cwd=copy,
-        capture_output=True,
-        text=True,
-    )
-    assert guide_test.returncode == 0 and "1 passed" in guide_test.stdout, guide_test.stdout + guide_test.stderr
+    copy = applied(tmp_path, BLOCKS, "SuggestFollowUps", "tests/test_follow_ups.py")
+    assert changed_files(copy) == {"nodes.py", "flow.py", "utils/follow_ups.py", "tests/test_follow_ups.py"}
 
     app = start(copy)
     fake.queue(Reply(tokens=["Rome ", "is ", "old."]), Reply(tokens=["1. Why is it old?\n2. Who built it?\n3. When?"]))
     page = chat(browser, app, "Tell me about Rome")
-    suggestions = page.locator(".suggestion")
+    suggestions = page.locator(".steps.below .step-button")
     expect(suggestions).to_have_text(["Why is it old?", "Who built it?", "When?"])
-    suggestions.nth(1).click()
-    expect(page.locator("#input")).to_have_value("Who built it?")
     page.reload()  # kept with the reply: back from the history
-    expect(page.locator(".suggestion")).to_have_count(3)
+    expect(page.locator(".steps.below .step-button")).to_have_count(3)
+    fake.queue(Reply(tokens=["Emperors ", "did."]))
+    page.locator(".steps.below .step-button").nth(1).click()  # sent as the next message
+    expect(page.locator(".message.user").last).to_contain_text("Who built it?")
+    expect(page.locator(".message.assistant[data-status=complete]")).to_have_count(2, timeout=20_000)
     app.stop()
     assert "Flow ends" not in app.logs() and "Traceback" not in app.logs()
+
+
+def test_the_guides_footer_with_a_button_needs_no_page_change_survives_a_reload_and_cannot_fail_the_reply(
+    tmp_path, fake, browser, start
+):
+    """Issue 33's proof: a node that shows a line under complete replies, with a button, is a class in
+    nodes.py, an entry in flow.py and a test; no file of the page, no other test."""
+    assert [path for path, _, _ in SECOND_BLOCKS] == ["nodes.py", "nodes.py", "flow.py", "tests/test_reply_stats.py"]
+    copy = applied(tmp_path, SECOND_BLOCKS, "ReplyStats", "tests/test_reply_stats.py")
+    assert changed_files(copy) == {"nodes.py", "flow.py", "tests/test_reply_stats.py"}
+
+    app = start(copy)
+    fake.queue(Reply(tokens=["Rome ", "is ", "very ", "old."]))
+    page = chat(browser, app, "Tell me about Rome")
+    footer = page.locator(".message.assistant .steps.below")
+    expect(footer.locator(".step-keyvalue")).to_contain_text("words4")
+    helped = footer.get_by_role("button", name="👍 This helped")
+    helped.click()
+    expect(helped).to_be_disabled()
+    expect(helped).to_have_class(re.compile("pressed"))
+    page.reload()  # the press is kept with the reply, and refused again
+    helped = page.locator(".message.assistant .steps.below").get_by_role("button", name="👍 This helped")
+    expect(helped).to_be_disabled()
+    expect(helped).to_have_class(re.compile("pressed"))
+    app.stop()
+    assert "marked helped" in app.logs() and "Traceback" not in app.logs()
+
+    # The same node, broken: the reply is whole all the same, and says plainly that the node could not run.
+    nodes = (copy / "nodes.py").read_text()
+    (copy / "nodes.py").write_text(nodes.replace("        words = len(reply.split())", "        words = 1 // 0", 1))
+    app = start(copy)
+    fake.queue(Reply(tokens=["Still ", "whole."]))
+    page = chat(browser, app, "Tell me about Rome")
+    expect(page.locator(".message.assistant").last).to_contain_text("Still whole.")
+    expect(page.locator(".steps.below .step-text")).to_have_text("ReplyStats could not run; the reply is not affected.")
+    app.stop()
+    assert "ZeroDivisionError" in app.logs()  # the trace is the server log's, not the page's
 
 
 def test_a_node_of_a_kind_the_page_does_not_know_is_shown_plainly(tmp_path, fake, browser, start):
