@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from playwright.sync_api import Browser, Page, expect
@@ -82,8 +83,8 @@ def start(tmp_path: Path, fake: FakeOpenAI) -> Iterator[Callable[[Path], AppProc
         app.kill()
 
 
-def chat(browser: Browser, app: AppProcess, text: str) -> Page:
-    page = browser.new_context(base_url=app.url).new_page()
+def chat(browser: Browser, app: AppProcess, text: str, **context: Any) -> Page:
+    page = browser.new_context(base_url=app.url, **context).new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
     page.goto("/")
