@@ -88,7 +88,8 @@ class FakeOpenAI:
         self.default = default or Reply()
         self.script: deque[Reply] = deque()
         # A conversation's title, asked after its first reply (utils/titles.py), is answered from a script
-        # of its own: a test of replies scripts what it tests, whatever else the flow asks.
+        # of its own: a test of replies scripts what it tests, whatever else the flow asks. Unscripted, no
+        # title (a test of titles scripts them).
         self.titles: deque[Reply] = deque()
         self.embed_delay = 0.0  # seconds each /embeddings answer waits: a document that takes long to index
         self.requests: list[dict[str, Any]] = []
@@ -171,7 +172,8 @@ class FakeOpenAI:
             self._json(writer, 200, {"object": "list", "data": data, "model": request["json"]["model"]})
         elif method == "POST" and path.endswith("/chat/completions"):
             if asks_a_title(request):
-                reply = self.titles.popleft() if self.titles else Reply(tokens=["A ", "fake ", "title"])
+                # Unscripted, an answer that names nothing: the first message's start stays the title.
+                reply = self.titles.popleft() if self.titles else Reply(tokens=["?"])
             else:
                 reply = self.script.popleft() if self.script else self.default
             if reply.calls and request["json"].get("tool_choice") == "none":
