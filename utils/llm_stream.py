@@ -101,8 +101,16 @@ class ToolCallParts:
     its first piece and its arguments in many, each piece naming its call by `index`; some servers send
     a whole call in one piece, without an index, or without an id."""
 
+    # Calls put together at most: a reply runs 128 in all (ToolBox), and one more says that more were asked.
+    # Past it the stream is read no further: a model asking for thousands would hold the event loop.
+    MOST = 129
+
     def __init__(self) -> None:
-        self._calls: dict[int, list[str]] = {}  # by index: [id, name, arguments so far]
+        self._calls: dict[int, tuple[list[str], list[str]]] = {}  # by index: ([id, name], the arguments' pieces)
+
+    @property
+    def full(self) -> bool:
+        return len(self._calls) > self.MOST
 
     def feed(self, pieces: list[dict[str, Any]]) -> None:
         for piece in pieces:
@@ -111,14 +119,14 @@ class ToolCallParts:
             if not isinstance(index, int):  # a new call if it names itself, else more of the last one
                 starts = piece.get("id") or function.get("name") or not self._calls
                 index = max(self._calls, default=-1) + 1 if starts else max(self._calls)
-            call = self._calls.setdefault(index, ["", "", ""])
+            names, arguments = self._calls.setdefault(index, (["", ""], []))
             for slot, value in ((0, piece.get("id")), (1, function.get("name")), (2, function.get("arguments"))):
                 if value is not None and not isinstance(value, str):
                     raise TypeError("a tool call's id, name and arguments must be text")
                 if value and slot == 2:
-                    call[2] += value
+                    arguments.append(value)  # joined once at the end: a long argument in many pieces
                 elif value:
-                    call[slot] = value  # an id or a name is sent whole, once (some servers repeat it)
+                    names[slot] = value  # an id or a name is sent whole, once (some servers repeat it)
 
     def calls(self) -> list[ToolCall]:
         # Text valid Unicode (see UnicodeRepair: JSON may escape a lone surrogate), for the socket and the
@@ -126,9 +134,11 @@ class ToolCallParts:
         # (ToolBox.admit) before anything pairs a result with its call.
         return [
             ToolCall(
-                valid_text(call_id) or f"call_{secrets.token_hex(6)}", valid_text(name), valid_text(arguments) or "{}"
+                valid_text(call_id) or f"call_{secrets.token_hex(6)}",
+                valid_text(name),
+                valid_text("".join(arguments)) or "{}",
             )
-            for _, (call_id, name, arguments) in sorted(self._calls.items())
+            for _, ((call_id, name), arguments) in sorted(self._calls.items())[: self.MOST]
             if name
         ]
 
@@ -237,6 +247,9 @@ async def stream_llm(request: StreamRequest) -> StreamResult:
                     for *_, calls in choices:
                         if calls:
                             tool_calls.feed(calls)
+                    if tool_calls.full:
+                        result.finish_reason = "tool_calls"  # read no further: what more it asks is dropped
+                        break
                 except (AttributeError, TypeError, ValueError) as error:
                     unreadable = f"The provider sent a chunk PocketChat cannot read: {chunk!r:.200}"
                     raise ProviderError(unreadable, kind="unreadable") from error

@@ -23,7 +23,7 @@ from pocketchat.errors import RateLimited
 from pocketchat.limits import Limits
 from pocketchat.settings import Settings
 from utils.clean import ID_CHARACTERS, NAME_CHARACTERS, clean_arguments, clean_text
-from utils.llm_stream import ToolCall, ToolOffer
+from utils.llm_stream import ToolCall, ToolCallParts, ToolOffer
 
 logger = logging.getLogger("pocketchat")
 
@@ -207,11 +207,15 @@ class ToolBox:
             self._made += len(admitted)
             return Admitted(admitted, len(calls))
         left_out = admitted.pop()
+        # A stream of more calls than ToolCallParts.MOST is read no further: how many more, nobody knows.
+        many = len(calls) >= ToolCallParts.MOST
         if room == MAX_CALLS_PER_STEP:
-            limit = f"one step runs {MAX_CALLS_PER_STEP} tool calls at most, and this one asked for {len(calls):,}"
+            asked = f"over {ToolCallParts.MOST - 1}" if many else f"{len(calls):,}"
+            limit = f"one step runs {MAX_CALLS_PER_STEP} tool calls at most, and this one asked for {asked}"
         else:
             limit = f"one reply makes {MAX_CALLS_PER_REPLY} tool calls at most, and this one has made them"
-        error = f"Not run: {limit}. This call and the {len(calls) - room - 1:,} after it were left out."
+        after = "all those after it" if many else f"the {len(calls) - room - 1:,} after it"
+        error = f"Not run: {limit}. This call and {after} were left out."
         self._made += len(admitted)
         return Admitted(admitted, len(calls), left_out, error)
 
