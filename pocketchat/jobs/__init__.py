@@ -76,7 +76,8 @@ class Worker:
 
     async def call(self, reference: str, args: tuple[Any, ...], memory: int) -> tuple[str, Any]:
         assert self.process.stdin is not None and self.process.stdout is not None
-        self.process.stdin.writelines(frame((reference, args, memory)))
+        # Pickled on a thread: a job's input may be a 20 MB file (the loop would wait for its copy).
+        self.process.stdin.writelines(await asyncio.to_thread(frame, (reference, args, memory)))
         await self.process.stdin.drain()
         header = await self.process.stdout.readexactly(HEADER.size)
         data = await self.process.stdout.readexactly(length_of(header))
