@@ -34,16 +34,6 @@ def status_of(connection: socket.socket, timeout: float = 30) -> int:
     return int(answer.split(b" ", 2)[1]) if answer else 0
 
 
-def closed_by_the_server(connection: socket.socket) -> bool:
-    connection.settimeout(5)
-    try:
-        while connection.recv(65536):
-            pass
-    except (TimeoutError, ConnectionError):
-        return False
-    return True
-
-
 def answered_before_the_body(connection: socket.socket) -> int:
     """The status the server gave while the body was still held back (0: none came within 5 s)."""
     try:
@@ -60,7 +50,6 @@ def test_a_users_third_upload_at_once_is_refused_before_its_body_and_another_use
     time.sleep(0.5)  # both are in the route, reading their bodies
     third, _ = open_upload(app.port, conversation_id, 2 * MB, "alice")
     assert answered_before_the_body(third) == 429
-    assert closed_by_the_server(third)  # not kept open to read (and throw away) the rest of its body
     third.close()
     assert upload(app, bobs, "bob.md", b"Bob's own file.", **BOB)[0] == 201  # Bob has a place of his own
     for connection, rest in held:
