@@ -21,6 +21,7 @@ from nodes import (
 )
 from pocketchat.flows import ChatFlow, chain, may_fail
 from pocketchat.settings import Settings
+from research_nodes import PlanResearch, ResearchStep
 
 
 def create_chat_flow(settings: Settings) -> AsyncFlow:
@@ -46,6 +47,28 @@ def create_chat_flow(settings: Settings) -> AsyncFlow:
     return AsyncFlow(start=before_the_model[0])
 
 
+def create_research_flow(settings: Settings) -> AsyncFlow:
+    """A question researched before it is answered: the model plans a few questions (PlanResearch, shown),
+    a loop looks each up in the conversation's documents and the user's earlier conversations
+    (ResearchStep, a progress bar moving), then the model answers from what was found, citing it, with the
+    turn's tools as in the chat flow."""
+    look = ResearchStep()
+    chat = StreamChat(max_retries=settings.retries, wait=settings.retry_wait)
+    run_tools = RunTools()
+    save = SaveReply()
+    start = chain(TitleConversation(), PlanResearch(), look)
+    look - "next" >> look  # one question a run, until the plan (4 questions at most: the step cap) is done
+    look - "stopped" >> save
+    chain(look, ReadImages(), BuildPrompt(), chat)
+    chat - "tools" >> run_tools
+    run_tools >> chat
+    run_tools - "stopped" >> save
+    chat - "complete" >> chain(*may_fail([NameConversation()]), save)
+    chat - "stopped" >> save
+    chat - "error" >> save
+    return AsyncFlow(start=start)
+
+
 def create_indexing_flow(settings: Settings) -> AsyncFlow:
     """One document, in the background after its upload (its text read already): cut it into passages,
     embed them in batches, store them and mark it ready."""
@@ -56,4 +79,9 @@ def create_indexing_flow(settings: Settings) -> AsyncFlow:
 
 FLOWS: dict[str, ChatFlow] = {
     "chat": ChatFlow("Chat", "Answers with your documents and tools.", create_chat_flow),
+    "research": ChatFlow(
+        "Research",
+        "Plans a few questions, looks each up in your documents and earlier chats, then answers citing them.",
+        create_research_flow,
+    ),
 }

@@ -173,8 +173,9 @@ def main(argv: list[str]) -> None:
         return
     if problem := settings.startup_problem():
         sys.exit(problem)
-    if settings.flow not in FLOWS:
-        sys.exit(f"--flow {settings.flow!r} is not a flow of flow.py; it has: {', '.join(FLOWS)}.")
+    for name in (settings.flow, *settings.flows):
+        if name not in FLOWS:
+            sys.exit(f"--flow or --flows: {name!r} is not a flow of flow.py; it has: {', '.join(FLOWS)}.")
     if settings.mcp_config is not None:
         try:
             load_config(settings.mcp_config)  # read again at start-up; refused here with the reason

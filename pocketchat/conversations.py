@@ -178,6 +178,7 @@ class Conversation:
             provider,
             record.tools_off,
             record.sampling,
+            record.flow,
         )
         if turn is None or running is None:
             return text, None, 0

@@ -18,7 +18,7 @@ from typing import Any
 
 from pocketflow import AsyncFlow, BaseNode
 
-from pocketchat import protocol
+from pocketchat import protocol, steps
 from pocketchat.conversations import Conversation, Turn
 from pocketchat.errors import BadFrame, StorageError
 from pocketchat.records import Message
@@ -115,7 +115,7 @@ async def press(
         raise BadFrame(f"The press could not be recorded ({error.message}); nothing changed.") from None
     if not recorded:
         raise BadFrame("That button was pressed already.")
-    told = protocol.pressed(conversation.id, message.id, frame.step, frame.button)
+    told = steps.pressed(conversation.id, message.id, frame.step, frame.button)
     conversation.keep_press(told)
     try:
         await handler(Press(conversation, message, step, frame.button, owner, store, settings))

@@ -253,6 +253,7 @@ def ready(
     provider: dict[str, Any],
     tools_off: list[str] | None = None,
     sampling: dict[str, float] | None = None,
+    flow: str = "",
 ) -> dict[str, Any]:
     frame: dict[str, Any] = {
         "type": "ready",
@@ -263,6 +264,7 @@ def ready(
         "system_prompt": system_prompt,
         "tools_off": tools_off or [],
         "sampling": sampling or {},
+        "flow": flow,
         "provider": provider,
         "history": history,
     }
@@ -281,10 +283,11 @@ def ready_text(
     provider: dict[str, Any],
     tools_off: list[str] | None = None,
     sampling: dict[str, float] | None = None,
+    flow: str = "",
 ) -> str:
     """`ready`, encoded, with its history encoded already (`encode([m.to_wire() ...])`): the same text
     as `encode(ready(...))`, without encoding a long history again."""
-    head = encode(ready(conversation_id, title, model, system_prompt, [], None, provider, tools_off, sampling))
+    head = encode(ready(conversation_id, title, model, system_prompt, [], None, provider, tools_off, sampling, flow))
     assert head.endswith(',"history":[]}')  # `ready` puts the history last, before `running`
     tail = "" if running is None else ',"running":' + encode(running)
     return head.removesuffix("[]}") + history_json + tail + "}"
@@ -330,6 +333,7 @@ def conversation(record: ConversationRecord) -> dict[str, Any]:
         "system_prompt": record.system_prompt,
         "tools_off": record.tools_off,
         "sampling": record.sampling,
+        "flow": record.flow,
     }
 
 
@@ -350,17 +354,6 @@ def deleted(conversation_id: str) -> dict[str, Any]:
 def conversation_ids(conversation_id: str) -> dict[str, str]:
     """A conversation's id as a server frame names it: by its name, and by its old one for old clients."""
     return {"conversation_id": conversation_id, OLD_CONVERSATION_ID: conversation_id}
-
-
-def pressed(conversation_id: str, message_id: str, step: str, button: str) -> dict[str, Any]:
-    """A button of a reply's step was pressed (once, for good): every page shows it chosen."""
-    return {
-        "type": "pressed",
-        "conversation_id": conversation_id,
-        "message_id": message_id,
-        "step": step,
-        "button": button,
-    }
 
 
 def document(conversation_id: str, state: dict[str, Any]) -> dict[str, Any]:

@@ -143,9 +143,9 @@ def with_images(messages: list[Message], images: Iterable[ImageRecord]) -> list[
 SAMPLING_RANGES = {"temperature": (0, 2), "top_p": (0, 1), "max_tokens": (1, 1_000_000)}
 
 # The fields of a conversation's record that can be changed (PATCH), each written on its own.
-RECORD_FIELDS = ("title", "model", "system_prompt", "tools_off", "sampling")
+RECORD_FIELDS = ("title", "model", "system_prompt", "tools_off", "sampling", "flow")
 CONVERSATION_COLUMNS = (
-    "id", "owner", "title", "model", "system_prompt", "created_at", "updated_at", "tools_off", "sampling",
+    "id", "owner", "title", "model", "system_prompt", "created_at", "updated_at", "tools_off", "sampling", "flow",
 )  # fmt: skip
 JSON_COLUMNS = ("tools_off", "sampling")  # kept as JSON text in both databases
 
@@ -182,6 +182,8 @@ class ConversationRecord:
     # The conversation's own `temperature`, `top_p` and `max_tokens`: only those set (the provider's
     # default for the others, which are not sent).
     sampling: dict[str, float] = field(default_factory=dict)
+    # The flow its turns run, by name in flow.py's FLOWS; "" for the deployment's own (--flow), whatever it is.
+    flow: str = ""
     # Read, never written: an import is still writing it (as read when the conversation was loaded; see
     # Hub.check_changeable). Should the import fail, it goes with the rest.
     importing: bool = False
@@ -208,6 +210,7 @@ class ConversationRecord:
             "system_prompt": self.system_prompt,
             "tools_off": self.tools_off,
             "sampling": self.sampling,
+            "flow": self.flow,
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }

@@ -20,6 +20,7 @@ from pocketchat.jobs import Jobs
 from pocketchat.limits import UPLOADS_AT_ONCE, LocalGauge
 from pocketchat.metrics import Metrics
 from pocketchat.presses import handlers_of
+from pocketchat.records import ConversationRecord
 from pocketchat.settings import Settings
 from pocketchat.store import Store
 from pocketchat.tools.catalog import Catalog
@@ -43,9 +44,13 @@ class AppState:
         self.settings = settings
         self.store = store
         self.provider = provider
-        # Built once: PocketFlow runs each turn on copies of its nodes, so turns share it safely.
-        self.flow: AsyncFlow = flows[settings.flow].create(settings)
-        self.press_handlers = handlers_of([self.flow])  # a step's button goes back to its node's on_press
+        # The flows people may pick (--flows; --flow always), each built once: PocketFlow runs each turn on
+        # copies of its nodes, so turns share it safely.
+        offered = [settings.flow, *(name for name in settings.flows or flows if name != settings.flow)]
+        self.flows = {name: flows[name] for name in offered}
+        self.built: dict[str, AsyncFlow] = {name: flow.create(settings) for name, flow in self.flows.items()}
+        self.flow = self.built[settings.flow]  # the deployment's default
+        self.press_handlers = handlers_of(list(self.built.values()))  # a step's button: its node's on_press
         self.hub = Hub(store)
         self.coordinator: Coordinator = make_coordinator(settings, self.hub, store)
         self.hub.coordinator = self.coordinator  # asked for turn logs, and of conversations elsewhere
@@ -82,6 +87,10 @@ class AppState:
         await self.tools.start()
         await self.imports.sweep()
         self._tasks.keep("the session watch", self.accounts.close_sockets_of_dead_sessions)
+
+    def flow_for(self, record: ConversationRecord) -> AsyncFlow:
+        """The flow a conversation's turns run: its own, if it picked one still offered; else the default."""
+        return self.built.get(record.flow) or self.flow
 
     def stopped(self) -> str | None:
         """Which background work of this process ended, if any did: it cannot serve as it should."""

@@ -90,3 +90,14 @@ def _one_of(value: str, allowed: tuple[str, ...], what: str) -> str:
 def step_record(frame: dict[str, Any]) -> dict[str, Any]:
     """A step as kept with its reply (`meta.steps`) and in `ready.running.steps`."""
     return {name: frame[name] for name in STEP_FIELDS if name in frame}
+
+
+def pressed(conversation_id: str, message_id: str, step: str, button: str) -> dict[str, Any]:
+    """A button of a reply's step was pressed (once, for good): every page shows it chosen."""
+    return {
+        "type": "pressed",
+        "conversation_id": conversation_id,
+        "message_id": message_id,
+        "step": step,
+        "button": button,
+    }

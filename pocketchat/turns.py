@@ -82,7 +82,7 @@ async def run_turn(state: AppState, conversation: Conversation, turn: Turn, leas
     checkpoints = Checkpoints(state.store, conversation.id, turn)
     try:
         await state.coordinator.started(conversation, turn, lease)
-        await state.flow.run_async(shared)
+        await state.flow_for(conversation.record).run_async(shared)
         if turn.failure is not None:
             # Redis lost, or the turn taken over: a service failed, not PocketChat.
             await fail_turn(state, conversation, turn, turn.failure, Unavailable)

@@ -4,6 +4,7 @@ import { Composer } from "./composer.js";
 import { Connection } from "./connection.js";
 import { Documents } from "./documents.js";
 import { Drawer } from "./drawer.js";
+import { FlowPicker } from "./flows.js";
 import { ImageTray, isImage } from "./images.js";
 import { Importer } from "./import.js";
 import { copyCode } from "./markdown.js";
@@ -238,6 +239,7 @@ function onFrame(frame) {
 function showConversation(frame) {
   state.conversation = {
     title: frame.title, model: frame.model, system_prompt: frame.system_prompt, sampling: frame.sampling,
+    flow: frame.flow,
   };
   ui.title.textContent = frame.title || "New chat";
   const sampling = samplingSummary(frame.sampling);
@@ -247,6 +249,7 @@ function showConversation(frame) {
   ui.exportLink.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.md`;
   ui.exportJson.href = `/api/conversations/${encodeURIComponent(frame.conversation_id)}/export.json`;
   fillModelPicker();
+  flowPicker.show(frame.flow);
   welcome.show(state.provider, frame.model);
   showImageSight();
   const provider = state.provider;
@@ -385,6 +388,7 @@ $("transcript").addEventListener("click", (event) => {
   }
 });
 ui.modelPicker.addEventListener("change", () => changeConversation({ model: ui.modelPicker.value }));
+const flowPicker = new FlowPicker($("flow-picker"), (name) => changeConversation({ flow: name }));
 $("system-prompt-button").addEventListener("click", () => {
   ui.promptInput.value = state.conversation?.system_prompt ?? "";
   showSampling(ui.promptInput.form, state.conversation?.sampling);
@@ -401,3 +405,4 @@ $("shortcuts-button").addEventListener("click", () => shortcuts.open());
 initSearch(openHit, signIn);
 connection.open();
 loadModels();
+flowPicker.load();

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-TOP = {"main", "flow", "nodes", "indexing_nodes"}
+TOP = {"main", "flow", "nodes", "indexing_nodes", "research_nodes"}
 PLAIN_TYPES = {"records", "errors"}  # what utils/ may use of the package
 # The package's parts, lowest first: a part imports only parts of lower layers (and its own modules).
 LAYERS = [
@@ -55,6 +55,7 @@ NOT_YET_WITHOUT_CIRCLES = {
 }
 # nodes.py grew again with NameConversation; PostgresStore and Imports with the database's claims and paths.
 NOT_YET_SMALL = {
+    "pocketchat/store/sqlite_schema.py: over 400 lines",  # a list of 18 migration steps, each one SQL script
     "nodes.py: over 400 lines",
     "pocketchat/store/postgres.py: class PostgresStore over 250 lines",
     "pocketchat/transfer/imports.py: class Imports over 250 lines",

@@ -65,6 +65,7 @@ def test_a_new_conversation_is_named_by_its_first_message_then_by_its_model_in_a
         "system_prompt": "Be brief.",
         "tools_off": [],
         "sampling": {},
+        "flow": "",
     }
     assert [f["title"] for f in named[1:]] == ["Rome trip plan"]  # after the first reply, by its model
     assert stored[0].title == "Rome trip plan"

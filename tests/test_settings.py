@@ -24,6 +24,7 @@ SAMPLES: dict[str, tuple[str, str]] = {
     "model": ("model-one", "model-two"),
     "model_path": ("/tmp/one.gguf", "/tmp/two.gguf"),
     "flow": ("flow-one", "flow-two"),
+    "flows": ("chat", "chat,research"),
     "system_prompt": ("Prompt one.", "Prompt two."),
     "db_path": ("one.db", "two.db"),
     "host": ("192.0.2.1", "192.0.2.2"),

@@ -43,7 +43,12 @@ class ModelSettings(BaseModel):
     flow: str = Field(
         "chat",
         min_length=1,
-        description="The flow each turn runs, by its name in flow.py's FLOWS.",
+        description="The flow a conversation's turns run unless it picked another, by its name in flow.py's FLOWS.",
+    )
+    flows: CommaList = Field(
+        default_factory=list,
+        description="The flows people may pick for a conversation, by name, comma-separated; empty: every flow "
+        "of flow.py's FLOWS. --flow is always among them.",
     )
     system_prompt: str = Field(
         "You are a helpful assistant.",

@@ -87,7 +87,7 @@ async def _insert_conversation(db: asyncpg.Connection, record: ConversationRecor
         # DO NOTHING: with replicas, two may each store a new conversation they both had in memory.
         # Never one that was deleted (a first turn on one replica, a delete on another).
         f"INSERT INTO conversations ({', '.join(CONVERSATION_COLUMNS)})"
-        " SELECT $1, $2, $3, $4, $5, $6::double precision, $7::double precision, $8, $9"
+        " SELECT $1, $2, $3, $4, $5, $6::double precision, $7::double precision, $8, $9, $10"
         " WHERE NOT EXISTS (SELECT 1 FROM deleted_conversations WHERE id = $1) ON CONFLICT (id) DO NOTHING",
         *record.to_row(),
     )

@@ -277,6 +277,9 @@ CREATE TABLE ended_imports (
     ended_at DOUBLE PRECISION NOT NULL
 );
 CREATE INDEX ended_imports_by_time ON ended_imports (ended_at);
+""",  # The flow a conversation's turns run, by its name in flow.py's FLOWS ('': the deployment's --flow).
+    """
+ALTER TABLE conversations ADD COLUMN flow TEXT NOT NULL DEFAULT '';
 """,
 ]
 

@@ -16,7 +16,7 @@ from utils.clean import stored_json
 
 CONVERSATION_COLUMNS = (
     "id", "owner", "title", "model", "system_prompt", "created_at", "updated_at", "tools_off", "leaf_id",
-    "sampling",
+    "sampling", "flow",
 )  # fmt: skip
 MESSAGE_COLUMNS = (
     "id", "conversation_id", "parent_id", "role", "content", "reasoning", "status", "error", "meta", "created_at",
@@ -68,7 +68,7 @@ def conversation_rows(owner: str, trees: list[ConversationTree]) -> list[tuple[A
     return [
         (
             *(t.id, owner, t.title, t.model, t.system_prompt, t.created_at, t.updated_at),
-            *(json.dumps(t.tools_off), t.leaf_id, json.dumps(t.sampling)),
+            *(json.dumps(t.tools_off), t.leaf_id, json.dumps(t.sampling), t.flow),
         )
         for t in trees
     ]
@@ -99,6 +99,7 @@ def tree_from_rows(conversation: Mapping[str, Any], messages: list[Mapping[str, 
         created_at=conversation["created_at"],
         updated_at=conversation["updated_at"],
         leaf_id=conversation["leaf_id"],
+        flow=conversation["flow"],
         **read_json_columns(conversation),
         messages=[
             TreeMessage(

@@ -2,7 +2,7 @@
 writes and the import reads back, the whole tree of messages with every version.
 
     {"format": "pocketchat.conversation", "version": 1,
-     "conversation": {id, title, model, system_prompt, tools_off, sampling, created_at, updated_at, leaf_id},
+     "conversation": {id, title, model, system_prompt, tools_off, sampling, flow, created_at, updated_at, leaf_id},
      "messages": [{id, parent_id, role, content, reasoning, status, error, meta, created_at}]}
 """
 
@@ -31,6 +31,7 @@ def to_file(tree: ConversationTree) -> dict[str, Any]:
         "system_prompt": tree.system_prompt,
         "tools_off": tree.tools_off,
         "sampling": tree.sampling,
+        "flow": tree.flow,
         "created_at": tree.created_at,
         "updated_at": tree.updated_at,
         "leaf_id": tree.leaf_id,
@@ -82,6 +83,8 @@ def from_file(data: dict[str, Any], where: str) -> ConversationTree:
         messages=[_message(message, f"{where}, message {number_ + 1}") for number_, message in enumerate(messages)],
         tools_off=[str(text(name, f"{where}: a name in `tools_off`", limit=64)) for name in tools_off],
         sampling=_sampling(conversation.get("sampling", {}), where),
+        # A flow the importing app does not offer runs its default: kept, not refused.
+        flow=text(conversation.get("flow", ""), f"{where}: `flow`", limit=64) or "",
         id=text(conversation.get("id", ""), f"{where}: `id`", limit=ID_CHARS) or "",
     )
     tree.messages = check_tree(tree.messages, tree.leaf_id, where)

@@ -49,6 +49,7 @@ class ConversationTree:
     messages: list[TreeMessage]
     tools_off: list[str] = field(default_factory=list)
     sampling: dict[str, float] = field(default_factory=dict)  # temperature, top_p, max_tokens: those set
+    flow: str = ""  # the flow its turns run ("": the importing app's default)
     id: str = ""  # as the file or the store names it
     # What the file held that was left out, by kind (ChatGPT's tool calls, hidden messages, images...).
     dropped: dict[str, int] = field(default_factory=dict)

@@ -91,6 +91,16 @@ async def models(request: Request) -> dict[str, Any]:
     return {"models": names, "vision": vision, "provider": provider.describe(), **({"error": error} if error else {})}
 
 
+@router.get("/api/flows")
+async def flows(request: Request) -> dict[str, Any]:
+    """The flows a conversation can run (--flows), the default first: each a name, a title and a line."""
+    state = chat_state(request.app)
+    offered = [
+        {"name": name, "title": flow.title, "description": flow.description} for name, flow in state.flows.items()
+    ]
+    return {"default": state.settings.flow, "flows": offered}
+
+
 @router.get("/api/conversations")
 async def list_conversations(request: Request) -> dict[str, Any]:
     records = await chat_state(request.app).store.list_conversations(user_of(request))
@@ -162,6 +172,7 @@ class ConversationChanges(BaseModel):
     # The tool sources turned off: "builtin", MCP servers' names (a server not configured now is kept).
     tools_off: Annotated[list[SourceName], Field(max_length=64)] | None = None
     sampling: SamplingChanges | None = None
+    flow: Annotated[str, StringConstraints(strict=True, max_length=64)] | None = None  # "": the default
 
 
 async def count_change(request: Request) -> None:
@@ -180,6 +191,9 @@ async def change_conversation(request: Request, conversation_id: str, changes: C
     async with borrowed(request, conversation_id, changing=True) as conversation:
         record = conversation.record
         fields = changes.model_dump(exclude_none=True, exclude={"sampling"})
+        if fields.get("flow") and fields["flow"] not in state.flows:
+            offered = ", ".join(state.flows)
+            raise HTTPException(422, f"No flow is called {fields['flow']!r} here; the flows offered are {offered}.")
         if changes.sampling is not None:
             fields["sampling"] = changes.sampling.applied_to(record.sampling)
         if "tools_off" in fields:

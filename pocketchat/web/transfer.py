@@ -38,6 +38,8 @@ async def export_json(request: Request, conversation_id: str) -> Response:
         leaf_id=None,
         messages=[],
         tools_off=record.tools_off,
+        sampling=record.sampling,
+        flow=record.flow,
         id=record.id,
     )
     body = json.dumps(to_file(tree), ensure_ascii=False, indent=1)
