@@ -397,3 +397,22 @@ def test_the_embedded_model_names_a_conversation_or_its_first_message_does(local
     titles = [f["title"] for f in frames if f["type"] == "conversation"]
     assert titles[0] == "Name three colors." and all(title.strip() for title in titles) and len(titles[-1]) <= 60
     assert local_app.get(f"/api/conversations/{conversation_id}")["title"] == titles[-1]
+
+
+@pytest.mark.timeout(LOADED)
+def test_the_research_flow_runs_on_the_embedded_model_whatever_its_plan(local_app):
+    """A small model may plan poorly: the flow still looks something up and answers."""
+    client = local_app.client()
+    conversation_id = client.hello()["conversation_id"]
+    request = urllib.request.Request(
+        local_app.url + f"/api/conversations/{conversation_id}",
+        data=json.dumps({"flow": "research"}).encode(),
+        method="PATCH",
+        headers={"Content-Type": "application/json"},
+    )
+    urllib.request.urlopen(request, timeout=10).close()
+    frames = client.turn("Name three colors.", timeout=MODEL_WAIT)
+    assert frames[-1]["status"] == "complete"
+    plans = [f for f in frames if f["type"] == "step" and f["kind"] == "plan"]
+    assert len(plans) == 1 and plans[0]["data"].strip()
+    assert not [f for f in frames if f["type"] == "step" and f["kind"] == "failed"]
