@@ -142,7 +142,7 @@ class RetrieveDocuments(AsyncNode):
 
     async def prep_async(self, shared: dict[str, Any]) -> RetrievalRequest:
         conversation: Conversation = shared["conversation"]
-        library = shared["documents"]
+        library = shared["library"]
         return RetrievalRequest(
             shared["store"],
             library.vectors,
@@ -179,7 +179,7 @@ class RetrieveDocuments(AsyncNode):
             # Unless a document frame came during the read: it may have missed that document.
             shared["conversation"].found_no_documents(request.told_before)
         if found.seconds is not None:
-            shared["documents"].metrics.retrieval.observe(found.seconds)
+            shared["library"].metrics.retrieval.observe(found.seconds)
         if found.failure:
             shared["log"].append_step("RetrieveDocuments", "status", found.failure, shape="text")
         if found.waiting:
@@ -338,7 +338,7 @@ class StreamChat(AsyncNode):
         if outcome.bug is not None:
             raise outcome.bug  # turns.run_turn records the turn as failed and logs the traceback
         turn: Turn = shared["turn"]
-        reply = turn.reply_so_far()
+        reply = turn.sync_reply()
         stream = request.stream
         usage: TurnUsage = shared["usage"]
         said = usage.count_step(outcome.result, stream.provider, stream.model, stream.messages, reply, turn.started_at)
@@ -407,7 +407,7 @@ class RunTools(AsyncParallelBatchNode):
             shared["tool_steps"] = max(shared["tool_steps"], shared["settings"].max_tool_steps)
         turn: Turn = shared["turn"]
         if turn.stop.is_set():
-            turn.reply_so_far().status = "stopped"  # its stats are those of the steps before
+            turn.sync_reply().status = "stopped"  # its stats are those of the steps before
             return "stopped"
         return None  # back to the model, with the results
 
@@ -435,7 +435,7 @@ class SaveReply(AsyncNode):
         if not await shared["log"].confirm():
             conversation.add_reply(turn.reply_taken_over())
             return
-        reply = turn.reply_so_far()
+        reply = turn.sync_reply()
         conversation.add_reply(reply)
         try:
             await save_reply(shared["store"], conversation.id, reply)

@@ -66,7 +66,7 @@ class ResearchStep(AsyncNode):
 
     async def prep_async(self, shared: dict[str, Any]) -> LookUp:
         conversation: Conversation = shared["conversation"]
-        library = shared["documents"]
+        library = shared["library"]
         return LookUp(
             shared["store"],
             library.vectors,
@@ -99,7 +99,7 @@ class ResearchStep(AsyncNode):
         shared["log"].append_step("ResearchStep", "progress", progress, shape="progress", step_id="progress")
         turn: Turn = shared["turn"]
         if turn.stop.is_set():
-            turn.reply_so_far().status = "stopped"
+            turn.sync_reply().status = "stopped"
             return "stopped"
         if done < planned:
             return "next"

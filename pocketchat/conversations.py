@@ -80,8 +80,9 @@ class Turn:
     image_copies: list[tuple[str, str]] = field(default_factory=list)  # an edit's: (original id, copy id)
     awaiting: dict[str, asyncio.Future[str]] = field(default_factory=dict)  # presses its nodes wait for, by step
 
-    def reply_so_far(self) -> Message:
-        """The reply, with the text, reasoning and steps its log holds now."""
+    def sync_reply(self) -> Message:
+        """Bring the reply up to the text, reasoning and steps its log holds now (it changes the reply), and
+        give it."""
         snapshot = self.log.snapshot()
         self.reply.content, self.reply.reasoning = snapshot["content"], snapshot["reasoning"]
         if snapshot["steps"]:
@@ -91,7 +92,7 @@ class Turn:
     def reply_taken_over(self) -> Message:
         """The reply of a fenced turn, as the replica that took it over stored it: what reached the
         shared log, interrupted."""
-        reply = self.reply_so_far()
+        reply = self.sync_reply()
         reply.status, reply.error = "interrupted", self.failure
         return reply
 

@@ -54,7 +54,7 @@ def new_shared(state: AppState, conversation: Conversation, turn: Turn) -> dict[
         "log": turn.log,  # TurnLog: what the page sees (chunks, steps), followed by every socket
         "provider": state.provider,  # ChatProvider: the model
         "store": state.store,  # Store: the database
-        "documents": state.documents,  # Library: the conversation's documents' embedding model and vectors
+        "library": state.documents,  # Library: the conversation's documents' embedding model and vectors
         "context": [],  # list[Snippet]: what earlier nodes found for the prompt, with their sources
         "images": {},  # dict[str, str]: the images ReadImages read for the prompt, data URLs by id
         "prompt": None,  # list[dict]: the messages BuildPrompt made, which StreamChat sends (and tools extend)
@@ -147,7 +147,7 @@ async def fail_turn(
         if not any(message is turn.reply for message in conversation.history):
             conversation.add_reply(turn.reply_taken_over())
         return
-    turn.reply_so_far()
+    turn.sync_reply()
     turn.reply.status, turn.reply.error = "error", why
     conversation.add_reply(turn.reply)
     turn.log.append(protocol.error(kind(turn.reply.error, turn.id)))
@@ -175,7 +175,7 @@ class Checkpoints:
         # steps are the reply's too.
         if turn.log.size != self._saved_size and turn.reply.status == "streaming" and not turn.fenced:
             self._saved_size = turn.log.size
-            self.store.checkpoint(self.conversation_id, turn.reply_so_far())
+            self.store.checkpoint(self.conversation_id, turn.sync_reply())
         self._timer = asyncio.get_running_loop().call_later(CHECKPOINT_SECONDS, self._save)
 
     def cancel(self) -> None:
