@@ -14,8 +14,9 @@ import secrets
 import time
 from typing import Protocol
 
+from pocketchat.hashes import token_hash
 from pocketchat.settings import Settings
-from pocketchat.store import Store, token_hash
+from pocketchat.store import Store
 
 logger = logging.getLogger("pocketchat")
 

@@ -289,3 +289,16 @@ class Passage:
     def source(self) -> str:
         """How a reply cites it: the file, and the page when it has pages."""
         return self.name if self.page is None else f"{self.name}, p. {self.page}"
+
+
+@dataclass
+class ShareRecord:
+    """A live link to a conversation (revoking it deletes it); its token is never kept."""
+
+    conversation_id: str
+    owner: str
+    id: str = field(default_factory=new_id)
+    created_at: float = field(default_factory=time.time)
+
+    def to_wire(self) -> dict[str, Any]:
+        return {"id": self.id, "created_at": self.created_at}

@@ -5,12 +5,10 @@ found by its hash alone: what a lookup's timing could tell is about a hash, neve
 
 import re
 import secrets
-import time
-from dataclasses import dataclass, field
 from typing import Any
 
-from pocketchat.records import ConversationRecord, Message, new_id
-from pocketchat.store import token_hash
+from pocketchat.hashes import token_hash
+from pocketchat.records import ConversationRecord, Message
 from utils.clean import stored_json
 
 MAX_SHARES_PER_CONVERSATION = 20  # live links of one conversation; revoking one makes room
@@ -25,19 +23,6 @@ def share_hash(token: str) -> str | None:
     """What the database keeps of a link's token, and finds the link by; None for text that cannot be a
     token (answered as a wrong one, without asking the database)."""
     return token_hash(token) if TOKEN.fullmatch(token) else None
-
-
-@dataclass
-class ShareRecord:
-    """A live link to a conversation (revoking it deletes it); its token is never kept."""
-
-    conversation_id: str
-    owner: str
-    id: str = field(default_factory=new_id)
-    created_at: float = field(default_factory=time.time)
-
-    def to_wire(self) -> dict[str, Any]:
-        return {"id": self.id, "created_at": self.created_at}
 
 
 def snapshot(record: ConversationRecord, history: list[Message], running_turn: str | None) -> dict[str, Any]:

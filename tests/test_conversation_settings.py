@@ -129,7 +129,7 @@ def test_a_conversation_stored_before_settings_existed_has_none(request, mode, s
 
     import asyncpg
 
-    from pocketchat.store import token_hash
+    from pocketchat.hashes import token_hash
     from pocketchat.store.postgres_schema import MIGRATIONS as postgres_schema
     from pocketchat.store.postgres_schema import SCHEMA_VERSION_TABLE
     from pocketchat.store.sqlite_schema import MIGRATIONS as sqlite_schema

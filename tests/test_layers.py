@@ -16,7 +16,7 @@ TOP = {"main", "flow", "nodes", "indexing_nodes", "research_nodes"}
 PLAIN_TYPES = {"records", "errors"}  # what utils/ may use of the package
 # The package's parts, lowest first: a part imports only parts of lower layers (and its own modules).
 LAYERS = [
-    ["settings", "errors", "records", "background"],
+    ["settings", "errors", "records", "background", "hashes"],
     ["jobs", "flows", "limits", "providers", "protocol", "steps", "versions", "export", "metrics"],
     ["turn_log", "store"],
     ["search", "shares", "transfer", "tools", "documents", "accounts"],
@@ -27,31 +27,24 @@ LAYERS = [
     ["turns"],
     ["web"],
 ]
-# The store imports the features' own types (search's SearchHit and SearchQuery, shares' ShareRecord, the
+# The store imports the features' own types (search's SearchHit and SearchQuery, and the
 # transfer's ConversationTree): those types move below the store with the store's next change.
 NOT_YET_ONE_WAY = {
     "pocketchat.paths imports pocketchat.conversations",  # for its types: see NOT_YET_WITHOUT_CIRCLES
     "pocketchat.store imports pocketchat.search",
-    "pocketchat.store imports pocketchat.shares",
     "pocketchat.store imports pocketchat.transfer",
     "pocketchat.store.postgres_search imports pocketchat.search",
-    "pocketchat.store.postgres_shares imports pocketchat.shares",
     "pocketchat.store.postgres_transfer imports pocketchat.transfer",
     "pocketchat.store.sqlite_search imports pocketchat.search",
-    "pocketchat.store.sqlite_shares imports pocketchat.shares",
     "pocketchat.store.sqlite_transfer imports pocketchat.transfer",
     "pocketchat.store.transfer imports pocketchat.transfer",
 }
-# shares.py takes token_hash from the store, which takes ShareRecord from shares.py; the store's backends
-# take helpers (session_hash, token_hash, TOMBSTONE_SECONDS) from the store's __init__, which opens them.
+# The store's backends take a helper (TOMBSTONE_SECONDS) from the store's __init__, which opens them.
 # paths.py names Conversation and Hub in its types (TYPE_CHECKING) while conversations.py uses Paths.
 NOT_YET_WITHOUT_CIRCLES = {
     "pocketchat.conversations -> pocketchat.paths -> pocketchat.conversations",
-    "pocketchat.store -> pocketchat.shares -> pocketchat.store",
     "pocketchat.store -> pocketchat.store.postgres -> pocketchat.store",
-    "pocketchat.store -> pocketchat.store.postgres -> pocketchat.store.queued -> pocketchat.store",
     "pocketchat.store -> pocketchat.store.sqlite -> pocketchat.store",
-    "pocketchat.store -> pocketchat.store.sqlite -> pocketchat.store.sqlite_schema -> pocketchat.store",
 }
 # nodes.py grew again with NameConversation; PostgresStore and Imports with the database's claims and paths.
 NOT_YET_SMALL = {

@@ -586,7 +586,7 @@ def test_conversations_of_a_database_from_before_tools_have_every_tool_on(reques
 
     import asyncpg
 
-    from pocketchat.store import token_hash
+    from pocketchat.hashes import token_hash
     from pocketchat.store.postgres_schema import MIGRATIONS as postgres_schema
     from pocketchat.store.postgres_schema import SCHEMA_VERSION_TABLE
     from pocketchat.store.sqlite_schema import MIGRATIONS as sqlite_schema

@@ -10,7 +10,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from pocketchat.store import postgres_schema, sqlite_schema, token_hash
+from pocketchat.hashes import token_hash
+from pocketchat.store import postgres_schema, sqlite_schema
 from tests.conftest import MODES, AppProcess, ChatClient
 from tests.fake_openai import Reply
 

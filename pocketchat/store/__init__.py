@@ -7,10 +7,9 @@ after them), commit them in groups, and keep a write the database refuses until 
 """
 
 import asyncio
-import hashlib
 import time
 from collections.abc import Callable, Collection
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from pocketchat.records import (
     RECORD_FIELDS,
@@ -20,14 +19,12 @@ from pocketchat.records import (
     Message,
     MessageHit,
     Passage,
+    ShareRecord,
 )
 from pocketchat.search import SearchHit, SearchQuery
 from pocketchat.settings import Settings
 from pocketchat.store.transfer import ImportState, StoredImport
 from pocketchat.transfer.tree import ConversationTree, TreeMessage
-
-if TYPE_CHECKING:
-    from pocketchat.shares import ShareRecord  # which imports this module's token_hash
 
 
 class Store(Protocol):
@@ -228,12 +225,12 @@ class Store(Protocol):
 
     # Share links: written through the same queue; a link is read from the database at every visit.
 
-    def add_share(self, share: "ShareRecord", token_hash: str, snapshot: str, most: int) -> asyncio.Future[bool]:
+    def add_share(self, share: ShareRecord, token_hash: str, snapshot: str, most: int) -> asyncio.Future[bool]:
         """Store a link, unless its conversation has `most` already; whether it was stored."""
 
     def delete_share(self, conversation_id: str, share_id: str) -> asyncio.Future[bool]: ...
 
-    async def list_shares(self, conversation_id: str, owner: str) -> list["ShareRecord"]: ...
+    async def list_shares(self, conversation_id: str, owner: str) -> list[ShareRecord]: ...
 
     async def shared(self, token_hash: str) -> tuple[str, float] | None:
         """The snapshot (JSON text) and creation time of the live link with this token hash."""
@@ -245,17 +242,6 @@ class NotIndexing(Exception):
 
 
 TOMBSTONE_SECONDS = 24 * 3600  # how long a deleted conversation's id is remembered
-
-
-def session_hash(session_id: str) -> str:
-    """What the database keeps of a session id: its hash, so that a copy of the database signs nobody in."""
-    return hashlib.sha256(session_id.encode()).hexdigest()
-
-
-def token_hash(token: str) -> str:
-    """What the database keeps of a generated access token. A fast hash is enough: the token is 192
-    random bits, which no one guesses from its hash."""
-    return hashlib.sha256(token.encode()).hexdigest()
 
 
 SAVE_WAIT_SECONDS = 2.0  # a database whose writes have not answered for this long does not answer

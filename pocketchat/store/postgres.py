@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import asyncpg
 
 from pocketchat.errors import Unavailable
+from pocketchat.hashes import session_hash
 from pocketchat.records import (
     CONVERSATION_COLUMNS,
     ConversationRecord,
@@ -24,7 +25,7 @@ from pocketchat.records import (
     Message,
     with_images,
 )
-from pocketchat.store import TOMBSTONE_SECONDS, session_hash
+from pocketchat.store import TOMBSTONE_SECONDS
 from pocketchat.store.postgres_attachments import IMAGE_COLUMNS, PostgresAttachments, rows_changed
 from pocketchat.store.postgres_connection import (
     COMMAND_TIMEOUT,

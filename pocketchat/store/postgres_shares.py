@@ -7,7 +7,7 @@ from typing import Any
 
 import asyncpg
 
-from pocketchat.shares import ShareRecord
+from pocketchat.records import ShareRecord
 from pocketchat.store.postgres_attachments import rows_changed
 
 

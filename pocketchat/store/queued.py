@@ -11,8 +11,8 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
+from pocketchat.hashes import session_hash
 from pocketchat.records import RECORD_FIELDS, ConversationRecord, Message
-from pocketchat.store import session_hash
 from pocketchat.store.writes import D, Job, WriteQueue
 
 Work = Callable[[Any], Any]  # what the write connection runs for one job (a coroutine function on PostgreSQL)

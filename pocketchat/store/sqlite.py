@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from pocketchat.hashes import session_hash
 from pocketchat.records import (
     CONVERSATION_COLUMNS,
     ConversationRecord,
@@ -24,7 +25,7 @@ from pocketchat.records import (
     Message,
     with_images,
 )
-from pocketchat.store import TOMBSTONE_SECONDS, session_hash
+from pocketchat.store import TOMBSTONE_SECONDS
 from pocketchat.store.queued import ChosenPath, QueuedStore, Row, merged_meta
 from pocketchat.store.sqlite_attachments import IMAGE_COLUMNS, SqliteAttachments
 from pocketchat.store.sqlite_schema import migrate

@@ -4,7 +4,7 @@ has had, and `migrate` brings it up to date at start."""
 import logging
 import sqlite3
 
-from pocketchat.store import token_hash
+from pocketchat.hashes import token_hash
 
 logger = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ import sqlite3
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from pocketchat.shares import ShareRecord
+from pocketchat.records import ShareRecord
 
 
 class SqliteShares:

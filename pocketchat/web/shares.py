@@ -12,17 +12,16 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 
-from pocketchat.records import possible_id
+from pocketchat.hashes import token_hash
+from pocketchat.records import ShareRecord, possible_id
 from pocketchat.shares import (
     MAX_SHARES_PER_CONVERSATION,
-    ShareRecord,
     new_token,
     read_snapshot,
     share_hash,
     snapshot,
 )
 from pocketchat.state import chat_state
-from pocketchat.store import token_hash
 from pocketchat.web.routes import borrowed, count_change
 from pocketchat.web.sign_in import user_of
 
