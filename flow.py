@@ -6,6 +6,8 @@ shared store (see `turns.new_shared`), and PocketFlow runs a copy of each node, 
 no node's state.
 """
 
+from collections.abc import Sequence
+
 from pocketflow import AsyncFlow, AsyncNode
 
 from indexing_nodes import ChunkDocument, EmbedChunks, StoreChunks
@@ -24,27 +26,14 @@ from pocketchat.settings import Settings
 from research_nodes import PlanResearch, ResearchStep
 
 
-def create_chat_flow(settings: Settings) -> AsyncFlow:
+def create_chat_flow(settings: Settings, prompt_nodes: Sequence[AsyncNode] = ()) -> AsyncFlow:
     """One chat turn: what runs before the model (name the conversation, find the passages of its
-    documents, read the images a model that sees them gets, build the prompt), the model's reply streamed
-    (with tool calls run in a loop, PocketFlow's agent: the model decides, the tools act, back to the
-    model), what runs after a complete reply, and the reply recorded whatever its end."""
-    before_the_model = [TitleConversation(), RetrieveDocuments(), ReadImages(), BuildPrompt()]
+    documents, read the images a model that sees them gets, build the prompt, and `prompt_nodes`, which
+    shape it further: a flow of one's own), then the model's answer (`answer`)."""
+    before_the_model = [TitleConversation(), RetrieveDocuments(), ReadImages(), BuildPrompt(), *prompt_nodes]
     # Nodes for complete replies, in order; each may fail without failing the reply (a `failed` step says so).
     after_a_complete_reply: list[AsyncNode] = [NameConversation()]
-    chat = StreamChat(max_retries=settings.retries, wait=settings.retry_wait)
-    run_tools = RunTools()
-    save = SaveReply()
-    chain(*before_the_model, chat)
-    # The model asked for tools: run them, and back to it with their results (--max-tool-steps rounds).
-    chat - "tools" >> run_tools
-    run_tools >> chat
-    run_tools - "stopped" >> save
-    # StreamChat says how the reply ended.
-    chat - "complete" >> chain(*may_fail(after_a_complete_reply), save)
-    chat - "stopped" >> save
-    chat - "error" >> save
-    return AsyncFlow(start=before_the_model[0])
+    return AsyncFlow(start=chain(*before_the_model, answer(settings, after_a_complete_reply)))
 
 
 def create_research_flow(settings: Settings) -> AsyncFlow:
@@ -53,20 +42,28 @@ def create_research_flow(settings: Settings) -> AsyncFlow:
     (ResearchStep, a progress bar moving), then the model answers from what was found, citing it, with the
     turn's tools as in the chat flow."""
     look = ResearchStep()
+    look - "next" >> look  # one question a run, until the plan (4 questions at most: the step cap) is done
+    look - "stopped" >> SaveReply()
+    chain(look, ReadImages(), BuildPrompt(), answer(settings, [NameConversation()]))
+    return AsyncFlow(start=chain(TitleConversation(), PlanResearch(), look))
+
+
+def answer(settings: Settings, after_a_complete_reply: list[AsyncNode]) -> StreamChat:
+    """Where every chat flow ends: the model's reply streamed (with tool calls run in a loop, PocketFlow's
+    agent: the model decides, the tools act, back to the model), the nodes for a complete reply, and the
+    reply recorded whatever its end. Its first node, the model's."""
     chat = StreamChat(max_retries=settings.retries, wait=settings.retry_wait)
     run_tools = RunTools()
     save = SaveReply()
-    start = chain(TitleConversation(), PlanResearch(), look)
-    look - "next" >> look  # one question a run, until the plan (4 questions at most: the step cap) is done
-    look - "stopped" >> save
-    chain(look, ReadImages(), BuildPrompt(), chat)
+    # The model asked for tools: run them, and back to it with their results (--max-tool-steps rounds).
     chat - "tools" >> run_tools
     run_tools >> chat
     run_tools - "stopped" >> save
-    chat - "complete" >> chain(*may_fail([NameConversation()]), save)
+    # StreamChat says how the reply ended.
+    chat - "complete" >> chain(*may_fail(after_a_complete_reply), save)
     chat - "stopped" >> save
     chat - "error" >> save
-    return AsyncFlow(start=start)
+    return chat
 
 
 def create_indexing_flow(settings: Settings) -> AsyncFlow:

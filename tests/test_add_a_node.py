@@ -19,9 +19,10 @@ from tests.fake_openai import FakeOpenAI, Reply
 pytestmark = pytest.mark.browser
 
 GUIDE = (ROOT / "docs" / "add-a-node.md").read_text()
-FIRST, SECOND = GUIDE.split("\n## Part 2", 1)
+FIRST, REST = GUIDE.split("\n## Part 2", 1)
+SECOND, THIRD = REST.split("\n## Part 3", 1)
 BLOCK = re.compile(r"```python\n# (\S+): ([^\n]*)\n(.*?)```", re.S)
-BLOCKS, SECOND_BLOCKS = BLOCK.findall(FIRST), BLOCK.findall(SECOND)
+BLOCKS, SECOND_BLOCKS, THIRD_BLOCKS = BLOCK.findall(FIRST), BLOCK.findall(SECOND), BLOCK.findall(THIRD)
 AFTER_THE_REPLY = re.compile(r"(after_a_complete_reply: list\[AsyncNode\] = \[)([^\]]*)\]")
 
 
@@ -49,6 +50,12 @@ def apply(copy: Path, path: str, how: str, code: str) -> None:
     elif how.startswith("add to the imports"):
         last_import = max(m.end() for m in re.finditer(r"^from utils\.\S+ import [^\n]+\n", text, re.M))
         text = text[:last_import] + code + text[last_import:]
+    elif how.startswith("add before FLOWS"):
+        text = text.replace("\nFLOWS: ", "\n" + code + "\n\nFLOWS: ", 1)
+    elif how.startswith("add to FLOWS"):
+        start = text.index("\nFLOWS: ")
+        end = text.index("\n}", start)
+        text = text[:end] + "\n    " + code.strip() + text[end:]
     else:  # a node added to create_chat_flow's list of nodes after a complete reply
         listed = AFTER_THE_REPLY.search(text)
         assert listed, "flow.py no longer lists the nodes after a complete reply"
@@ -201,3 +208,27 @@ class CountWords(AsyncNode):
     expect(shown.locator("summary")).to_have_text("CountWords · word_count")
     shown.locator("summary").click()
     expect(shown.locator("pre")).to_contain_text('"words": 3')
+
+
+def test_the_guides_flow_of_its_own_is_picked_in_the_page_and_shapes_the_prompt(tmp_path, fake, browser, start):
+    """Issue 33: a flow of one's own, with a node that shapes the prompt, picked in the page."""
+    assert [path for path, _, _ in THIRD_BLOCKS] == ["nodes.py", "flow.py", "flow.py", "tests/test_brief.py"]
+    copy = applied(tmp_path, THIRD_BLOCKS, "AnswerBriefly", "tests/test_brief.py")
+    assert changed_files(copy) == {"nodes.py", "flow.py", "tests/test_brief.py"}
+
+    app = start(copy)
+    page = browser.new_context(base_url=app.url).new_page()
+    page.goto("/")
+    expect(page.locator("#send")).to_be_enabled()
+    picker = page.locator("#flow-picker")
+    expect(picker.locator("option")).to_have_text(["Chat", "Research", "Brief"])
+    picker.select_option("brief")
+    expect(picker).to_have_value("brief")
+    fake.queue(Reply(tokens=["Rome ", "is ", "old."]))
+    page.locator("#input").fill("Tell me about Rome")
+    page.locator("#input").press("Enter")
+    expect(page.locator(".message.assistant[data-status=complete]")).to_have_count(1, timeout=20_000)
+    assert fake.chat_requests[-1]["json"]["messages"][0]["content"].endswith("Answer in three sentences at most.")
+    page.reload()
+    expect(page.locator("#flow-picker")).to_have_value("brief")
+    app.stop()
