@@ -9,6 +9,7 @@ no node's state.
 from pocketflow import AsyncFlow, AsyncNode
 
 from indexing_nodes import ChunkDocument, EmbedChunks, StoreChunks
+from memory_nodes import RecallFacts, RememberFacts
 from nodes import (
     BuildPrompt,
     NameConversation,
@@ -32,6 +33,15 @@ def create_chat_flow(settings: Settings) -> AsyncFlow:
     before_the_model = [TitleConversation(), RetrieveDocuments(), ReadImages(), BuildPrompt()]
     # Nodes for complete replies, in order; each may fail without failing the reply (a `failed` step says so).
     after_a_complete_reply: list[AsyncNode] = [NameConversation()]
+    return chat_turn(settings, before_the_model, after_a_complete_reply)
+
+
+def chat_turn(
+    settings: Settings, before_the_model: list[AsyncNode], after_a_complete_reply: list[AsyncNode]
+) -> AsyncFlow:
+    """The nodes before the model, the model's reply streamed (with tool calls run in a loop), the nodes after a
+    complete reply, and the reply recorded whatever its end: the chat flow's shape, which a flow that adds
+    nodes to either list reuses."""
     chat = StreamChat(max_retries=settings.retries, wait=settings.retry_wait)
     run_tools = RunTools()
     save = SaveReply()
@@ -69,6 +79,14 @@ def create_research_flow(settings: Settings) -> AsyncFlow:
     return AsyncFlow(start=start)
 
 
+def create_memory_flow(settings: Settings) -> AsyncFlow:
+    """The chat flow with a memory of the user across conversations: the facts remembered about them that
+    bear on their message join the prompt (RecallFacts, after BuildPrompt), and the durable facts their message
+    states are kept after a complete reply (RememberFacts), each shown with a Forget button (memory_nodes.py)."""
+    before_the_model = [TitleConversation(), RetrieveDocuments(), ReadImages(), BuildPrompt(), RecallFacts()]
+    return chat_turn(settings, before_the_model, [NameConversation(), RememberFacts()])
+
+
 def create_indexing_flow(settings: Settings) -> AsyncFlow:
     """One document, in the background after its upload (its text read already): cut it into passages,
     embed them in batches, store them and mark it ready."""
@@ -83,5 +101,10 @@ FLOWS: dict[str, ChatFlow] = {
         "Research",
         "Plans a few questions, looks each up in your documents and earlier chats, then answers citing them.",
         create_research_flow,
+    ),
+    "memory": ChatFlow(
+        "Memory",
+        "Remembers lasting facts about you across conversations (you see, edit and forget them), and uses them.",
+        create_memory_flow,
     ),
 }

@@ -241,8 +241,9 @@ class Store(Protocol):
 
     # A user's memory (the memory flow): written through the same queue, every statement for its owner only.
 
-    async def read_memory(self, owner: str) -> Memory:
-        """Whether the owner's memory is on, and then their facts, oldest first (off: none are read)."""
+    async def read_memory(self, owner: str, even_off: bool = False) -> Memory:
+        """Whether the owner's memory is on, and then their facts, oldest first (off: none are read, unless
+        `even_off`: the page lists them, to edit, export or forget)."""
 
     def add_facts(self, owner: str, facts: list[Fact], most: int) -> asyncio.Future[list[str]]:
         """Keep these facts of the owner's while their memory is on and holds fewer than `most`, as many as fit;

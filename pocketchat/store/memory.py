@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MOST_FACTS = 200  # a user's facts, at most: each turn of the memory flow reads them all
-FACT_CHARACTERS = 300  # a fact is a short sentence
 FACT_COLUMNS = ("id", "owner", "text", "vector", "embedder", "created_at", "updated_at")
 
 

@@ -22,11 +22,12 @@ class PostgresMemory:
     _write: Callable[..., asyncio.Future[Any]]
     _read: Callable[[Callable[[asyncpg.Connection], Awaitable[Any]]], Awaitable[Any]]
 
-    async def read_memory(self, owner: str) -> Memory:
+    async def read_memory(self, owner: str, even_off: bool = False) -> Memory:
         async def work(db: asyncpg.Connection) -> Memory:
-            if await db.fetchval(IS_OFF, owner) is not None:
-                return Memory(False, [])  # off: its facts are not read
-            return Memory(True, [Fact.from_row(row) for row in await db.fetch(FACTS, owner)])
+            on = await db.fetchval(IS_OFF, owner) is None
+            if not on and not even_off:
+                return Memory(False, [])  # off: the memory flow reads none of its facts
+            return Memory(on, [Fact.from_row(row) for row in await db.fetch(FACTS, owner)])
 
         return await self._read(work)
 

@@ -20,11 +20,12 @@ class SqliteMemory:
     _write: Callable[..., asyncio.Future[Any]]
     _read: Callable[[Callable[[sqlite3.Connection], Any]], Awaitable[Any]]
 
-    async def read_memory(self, owner: str) -> Memory:
+    async def read_memory(self, owner: str, even_off: bool = False) -> Memory:
         def work(db: sqlite3.Connection) -> Memory:
-            if db.execute(IS_OFF, (owner,)).fetchone() is not None:
-                return Memory(False, [])  # off: its facts are not read
-            return Memory(True, [Fact.from_row(row) for row in db.execute(FACTS, (owner,))])
+            on = db.execute(IS_OFF, (owner,)).fetchone() is None
+            if not on and not even_off:
+                return Memory(False, [])  # off: the memory flow reads none of its facts
+            return Memory(on, [Fact.from_row(row) for row in db.execute(FACTS, (owner,))])
 
         return await self._read(work)
 
