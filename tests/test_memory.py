@@ -54,10 +54,10 @@ def facts_of_user(app: AppProcess, user: str = "alice") -> list[str]:
 def test_the_facts_of_a_models_answer_are_its_bulleted_short_lines():
     answer = 'Sure! Here:\n- **Prefers** metric units\n2. Works on "Zephyr"\n* prefers METRIC units\n- "Has a dog"'
     assert facts_of(answer) == ["Prefers metric units", 'Works on "Zephyr"', "Has a dog"]
-    assert facts_of("- a\n- b\n- c\n- d") == ["a", "b", "c"]
+    assert facts_of("- a b\n- c d\n- e f\n- g h") == ["a b", "c d", "e f"]
     # A small model that answers poorly adds nothing: no bullet, NONE, a question, a line longer than a fact.
     assert facts_of("tok1 tok2 tok3") == facts_of("- NONE") == facts_of("- Does the user like tea?") == []
-    assert facts_of("- " + "word " * 80) == facts_of("- ...") == []
+    assert facts_of("- " + "word " * 80) == facts_of("- ...") == facts_of("- Miles\n- Kilometers") == []
 
 
 @both
@@ -154,3 +154,19 @@ def test_the_forget_button_deletes_the_fact_and_a_failed_proposal_leaves_the_rep
     fake.queue(Reply(tokens=["Fine."]), Reply(status=500))  # the facts' request fails: the reply does not
     frames = client.turn("I moved to Lisbon last year.")
     assert frames[-1]["status"] == "complete" and not [s for s in steps_of(frames) if s["kind"] == "failed"]
+
+
+@pytest.mark.model
+@pytest.mark.timeout(540)
+def test_with_the_embedded_model_the_memory_flow_completes_whatever_it_remembers(start_app):
+    # A model of 135M parameters may propose nothing, or odd facts: the replies complete, and nothing fails.
+    app = start_app("--provider", "local", "--max-tokens", "40", "--temperature", "0")
+    client = app.client()
+    conversation_id = client.hello()["conversation_id"]
+    assert asks(app, "PATCH", f"/api/conversations/{conversation_id}", {"flow": "memory"}).status == 200
+    for message in (METRIC, UNITS):
+        frames = client.turn(message, timeout=240)  # the model loads first: seconds on a busy machine
+        assert frames[-1]["status"] == "complete"
+        assert not [step for step in steps_of(frames) if step["kind"] in ("failed", "status")]
+    facts = facts_of_user(app)
+    assert len(facts) <= 2 * MOST_PROPOSED and all(0 < len(fact) <= 300 for fact in facts)

@@ -15,6 +15,13 @@ ASK = (
     'each a short sentence on its own line starting with "- ". Leave out what they ask about, what holds only '
     "for now, and anything about the assistant. If the message states none, answer NONE."
 )
+# One example of each answer: a small model (the embedded one) keeps to the form only when shown it.
+EXAMPLES = [
+    {"role": "user", "content": "I live in Oslo and I'm learning the cello. What is a good first piece?"},
+    {"role": "assistant", "content": "- Lives in Oslo\n- Is learning the cello"},
+    {"role": "user", "content": "What is the capital of Peru?"},
+    {"role": "assistant", "content": "NONE"},
+]
 MOST_PROPOSED = 3  # facts a message adds at most
 PROPOSAL_TOKENS = 120
 SHOWN_CHARACTERS = 2000  # of the user's message: durable facts are said early, and the request stays short
@@ -31,8 +38,8 @@ QUOTES = "\"'`“”‘’"
 
 def facts_of(text: str, most: int = MOST_PROPOSED) -> list[str]:
     """The facts of a model's answer: its bulleted lines, without the bullet, markdown or quotes, once each.
-    A line that is no bullet (a preamble, NONE, a model that ignored the format), that asks something, has no
-    letter, or is longer than a fact, is not one: a model that answers poorly adds nothing."""
+    A line that is no bullet (a preamble, NONE, a model that ignored the format), that asks something, is one
+    word, has no letter, or is longer than a fact, is not one: a model that answers poorly adds little."""
     facts: dict[str, str] = {}
     for line in text.splitlines():
         if (bullet := BULLET.match(line)) is None:
@@ -42,7 +49,7 @@ def facts_of(text: str, most: int = MOST_PROPOSED) -> list[str]:
             fact = fact[1:-1].strip()  # the whole fact quoted
         if fact.upper().startswith("NONE") or fact.endswith("?") or len(fact) > FACT_CHARACTERS:
             continue
-        if any(char.isalpha() for char in fact):
+        if len(fact.split()) > 1 and any(char.isalpha() for char in fact):  # a word alone says nothing of them
             facts.setdefault(fact.casefold(), fact)
     return list(facts.values())[:most]
 
@@ -52,6 +59,7 @@ async def propose_facts(provider: ChatProvider, model: str, message: str, stop: 
     or the model gave none in the form asked (a small model may not)."""
     messages = [
         {"role": "system", "content": ASK.format(most=MOST_PROPOSED)},
+        *EXAMPLES,
         {"role": "user", "content": message[:SHOWN_CHARACTERS]},
     ]
     pieces: list[str] = []
