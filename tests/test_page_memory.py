@@ -7,11 +7,12 @@ import re
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Browser, expect
+from playwright.sync_api import Browser, Page, expect
 
 from tests.conftest import AppProcess
 from tests.fake_openai import Reply
 from tests.test_memory import FACTS, METRIC
+from tests.test_page_welcome import AXE
 
 pytestmark = pytest.mark.browser
 
@@ -21,6 +22,7 @@ def test_a_remembered_fact_is_forgotten_from_the_reply_and_the_memory_dialog_man
     browser: Browser, app: AppProcess, fake, viewport
 ):
     context = browser.new_context(base_url=app.url, viewport=viewport, accept_downloads=True)
+    context.add_init_script(path=AXE)  # as the browser's own: the page's policy allows no inline script
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
@@ -42,6 +44,7 @@ def test_a_remembered_fact_is_forgotten_from_the_reply_and_the_memory_dialog_man
     dialog = page.locator("#memory-dialog")
     field = dialog.get_by_role("textbox", name="Fact")
     expect(field).to_have_value("Works on project Zephyr, a weather app")  # the one forgotten is gone
+    assert axe_violations(page) == []
     field.fill("Works on project Apollo")
     field.press("Enter")
     expect(dialog.locator(".memory-note")).to_have_text("Saved.")
@@ -64,3 +67,9 @@ def test_a_remembered_fact_is_forgotten_from_the_reply_and_the_memory_dialog_man
     expect(pressed).to_have_count(1)  # the press is kept with the reply
     assert errors == []
     context.close()
+
+
+def axe_violations(page: Page) -> list[str]:
+    """What axe-core finds wrong in the Memory dialog (WCAG A and AA: labels, colours, names)."""
+    found = page.evaluate("async () => (await axe.run('#memory-dialog', {runOnly: ['wcag2a', 'wcag2aa']})).violations")
+    return [f"{violation['id']} {[node['target'] for node in violation['nodes']]}" for violation in found]
