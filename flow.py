@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pocketflow import AsyncFlow, AsyncNode
 
 from indexing_nodes import ChunkDocument, EmbedChunks, StoreChunks
+from memory_nodes import RecallFacts, RememberFacts
 from nodes import (
     BuildPrompt,
     NameConversation,
@@ -66,6 +67,14 @@ def answer(settings: Settings, after_a_complete_reply: list[AsyncNode]) -> Strea
     return chat
 
 
+def create_memory_flow(settings: Settings) -> AsyncFlow:
+    """The chat flow with a memory of the user across conversations: the facts remembered about them that
+    bear on their message join the prompt (RecallFacts, after BuildPrompt), and the durable facts their message
+    states are kept after a complete reply (RememberFacts), each shown with a Forget button (memory_nodes.py)."""
+    before_the_model = [TitleConversation(), RetrieveDocuments(), ReadImages(), BuildPrompt(), RecallFacts()]
+    return AsyncFlow(start=chain(*before_the_model, answer(settings, [NameConversation(), RememberFacts()])))
+
+
 def create_indexing_flow(settings: Settings) -> AsyncFlow:
     """One document, in the background after its upload (its text read already): cut it into passages,
     embed them in batches, store them and mark it ready."""
@@ -80,5 +89,10 @@ FLOWS: dict[str, ChatFlow] = {
         "Research",
         "Plans a few questions, looks each up in your documents and earlier chats, then answers citing them.",
         create_research_flow,
+    ),
+    "memory": ChatFlow(
+        "Memory",
+        "Remembers lasting facts about you across conversations (you see, edit and forget them), and uses them.",
+        create_memory_flow,
     ),
 }

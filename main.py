@@ -35,7 +35,7 @@ from pocketchat.settings import Settings
 from pocketchat.state import AppState
 from pocketchat.store import make_store
 from pocketchat.tools.mcp_config import McpConfigError, load_config
-from pocketchat.web import assets, documents, images, login, search, shares, sign_in, transfer
+from pocketchat.web import assets, documents, images, login, memory, search, shares, sign_in, transfer
 from pocketchat.web.body_limit import BodyLimit
 from pocketchat.web.routes import invalid_request, router
 from pocketchat.web.socket import chat_socket
@@ -92,6 +92,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(search.router)
     app.include_router(transfer.router)
     app.include_router(shares.router)
+    app.include_router(memory.router)
     app.add_exception_handler(RequestValidationError, invalid_request)
     app.add_api_websocket_route("/ws", chat_socket)
     app.mount("/static", assets.page_files(), name="static")

@@ -8,6 +8,7 @@ import { FlowPicker } from "./flows.js";
 import { ImageTray, isImage } from "./images.js";
 import { Importer } from "./import.js";
 import { copyCode } from "./markdown.js";
+import { MemoryPanel } from "./memory.js";
 import { MenuButton } from "./menu.js";
 import { readSampling, samplingSummary, showSampling } from "./sampling.js";
 import { initSearch } from "./search.js";
@@ -68,6 +69,7 @@ const sidebar = new ConversationList({
   api, open: openConversation, current: () => state.conversationId, onError: (text) => showNotice(text),
 });
 new SharePanel($("share-button"), $("share-dialog"), () => state.conversationId, signIn);
+new MemoryPanel($("memory-button"), $("memory-dialog"), signIn);
 
 /** Not signed in (no session, or it was revoked): the sign-in page. */
 function signIn() {

@@ -221,7 +221,8 @@ def test_the_guides_flow_of_its_own_is_picked_in_the_page_and_shapes_the_prompt(
     page.goto("/")
     expect(page.locator("#send")).to_be_enabled()
     picker = page.locator("#flow-picker")
-    expect(picker.locator("option")).to_have_text(["Chat", "Research", "Brief"])
+    expect(picker.locator("option").first).to_have_text("Chat")
+    expect(picker.locator("option").last).to_have_text("Brief")  # the guide's flow joins the list
     picker.select_option("brief")
     expect(picker).to_have_value("brief")
     fake.queue(Reply(tokens=["Rome ", "is ", "old."]))

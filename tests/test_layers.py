@@ -12,7 +12,7 @@ from pathlib import Path
 
 from tests.conftest import ROOT
 
-TOP = {"main", "flow", "nodes", "indexing_nodes", "research_nodes"}
+TOP = {"main", "flow", "nodes", "indexing_nodes", "research_nodes", "memory_nodes"}
 PLAIN_TYPES = {"records", "errors"}  # what utils/ may use of the package
 # The package's parts, lowest first: a part imports only parts of lower layers (and its own modules).
 LAYERS = [

@@ -23,6 +23,7 @@ from pocketchat.records import (
 )
 from pocketchat.search import SearchHit, SearchQuery
 from pocketchat.settings import Settings
+from pocketchat.store.memory import Fact, Memory
 from pocketchat.store.transfer import ImportState, StoredImport
 from pocketchat.transfer.tree import ConversationTree, TreeMessage
 
@@ -234,6 +235,29 @@ class Store(Protocol):
 
     async def shared(self, token_hash: str) -> tuple[str, float] | None:
         """The snapshot (JSON text) and creation time of the live link with this token hash."""
+
+    # A user's memory (the memory flow): written through the same queue, every statement for its owner only.
+
+    async def read_memory(self, owner: str, even_off: bool = False) -> Memory:
+        """Whether the owner's memory is on, and then their facts, oldest first (off: none are read, unless
+        `even_off`: the page lists them, to edit, export or forget)."""
+
+    def add_facts(self, owner: str, facts: list[Fact], most: int) -> asyncio.Future[list[str]]:
+        """Keep these facts of the owner's while their memory is on and holds fewer than `most`, as many as fit;
+        the ids of those kept."""
+
+    def change_fact(
+        self, owner: str, fact_id: str, text: str, vector: bytes, embedder: str
+    ) -> asyncio.Future[Fact | None]:
+        """The owner's fact with a new text and vector, as stored; None if they have none by that id."""
+
+    def delete_fact(self, owner: str, fact_id: str) -> asyncio.Future[bool]: ...
+
+    def forget_facts(self, owner: str) -> asyncio.Future[int]:
+        """Delete every fact of the owner's; how many there were."""
+
+    def turn_memory(self, owner: str, on: bool) -> asyncio.Future[Any]:
+        """Turn the owner's memory on or off (off: the memory flow neither reads nor keeps their facts)."""
 
 
 class NotIndexing(Exception):

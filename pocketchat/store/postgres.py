@@ -35,6 +35,7 @@ from pocketchat.store.postgres_connection import (
     describe,
     may_pass,
 )
+from pocketchat.store.postgres_memory import PostgresMemory
 from pocketchat.store.postgres_schema import START_TIMEOUT, migrate
 from pocketchat.store.postgres_search import PostgresSearch
 from pocketchat.store.postgres_shares import PostgresShares
@@ -101,7 +102,7 @@ async def _nothing_to_reset(connection: asyncpg.Connection) -> None:
 
 
 class PostgresStore(
-    PostgresShares, PostgresAttachments, PostgresSearch, PostgresTransfer, QueuedStore[WriteConnection]
+    PostgresShares, PostgresMemory, PostgresAttachments, PostgresSearch, PostgresTransfer, QueuedStore[WriteConnection]
 ):
     """The store in PostgreSQL: shared by every replica that names the same database."""
 

@@ -280,6 +280,14 @@ CREATE INDEX ended_imports_by_time ON ended_imports (ended_at);
 """,  # The flow a conversation's turns run, by its name in flow.py's FLOWS ('': the deployment's --flow).
     """
 ALTER TABLE conversations ADD COLUMN flow TEXT NOT NULL DEFAULT '';
+""",  # The memory flow's facts about each user, with their vectors, and who turned memory off (store/memory.py).
+    """
+CREATE TABLE facts (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, text TEXT NOT NULL, vector BYTEA NOT NULL, embedder TEXT NOT NULL,
+    created_at DOUBLE PRECISION NOT NULL, updated_at DOUBLE PRECISION NOT NULL
+);
+CREATE INDEX facts_by_owner ON facts (owner, created_at);
+CREATE TABLE memory_off (owner TEXT PRIMARY KEY, since DOUBLE PRECISION NOT NULL);
 """,
 ]
 

@@ -28,6 +28,7 @@ from pocketchat.records import (
 from pocketchat.store import TOMBSTONE_SECONDS
 from pocketchat.store.queued import ChosenPath, QueuedStore, Row, merged_meta
 from pocketchat.store.sqlite_attachments import IMAGE_COLUMNS, SqliteAttachments
+from pocketchat.store.sqlite_memory import SqliteMemory
 from pocketchat.store.sqlite_schema import migrate
 from pocketchat.store.sqlite_search import SqliteSearch
 from pocketchat.store.sqlite_shares import SqliteShares
@@ -189,7 +190,9 @@ class _Readers:
             self._connections.clear()
 
 
-class SqliteStore(SqliteShares, SqliteAttachments, SqliteSearch, SqliteTransfer, QueuedStore[_WriteConnection]):
+class SqliteStore(
+    SqliteShares, SqliteMemory, SqliteAttachments, SqliteSearch, SqliteTransfer, QueuedStore[_WriteConnection]
+):
     """The store in one SQLite file: the default, for one process."""
 
     def __init__(self, path: Path) -> None:
