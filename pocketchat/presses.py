@@ -115,12 +115,13 @@ async def press(
         raise BadFrame(f"The press could not be recorded ({error.message}); nothing changed.") from None
     if not recorded:
         raise BadFrame("That button was pressed already.")
-    told = steps.pressed(conversation.id, message.id, frame.step, frame.button)
-    conversation.keep_press(told)
     try:
         await handler(Press(conversation, message, step, frame.button, owner, store, settings))
     except Exception:
         logger.exception("%s's on_press failed for a press in conversation %s…", step["node"], conversation.id[:6])
+    # Told once the handler is done, so a page that sees the button pressed sees what it did too.
+    told = steps.pressed(conversation.id, message.id, frame.step, frame.button)
+    conversation.keep_press(told)
     return told
 
 

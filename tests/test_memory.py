@@ -9,7 +9,6 @@ import pytest
 from tests.conftest import MODES, AppProcess, ChatClient, of_node
 from tests.fake_openai import FakeOpenAI, Reply
 from tests.test_auth import Answer, call
-from tests.test_protocol import wait_for
 from utils.memory import ASK, MOST_PROPOSED, facts_of
 
 both = pytest.mark.parametrize("mode", MODES, indirect=True)
@@ -151,8 +150,8 @@ def test_the_forget_button_deletes_the_fact_and_a_failed_proposal_leaves_the_rep
     end = frames[-1]
     client.send("press", message_id=end["message_id"], step=step["id"], button="forget")
     assert client.until("pressed")[-1]["step"] == step["id"]
-    # Told as recorded; the node's on_press runs next (the delete lands a moment later, with replicas).
-    wait_for(lambda: facts_of_user(users_app) == ["Works on project Zephyr, a weather app"])
+    # Told once the node's on_press is done: the fact is gone by then.
+    assert facts_of_user(users_app) == ["Works on project Zephyr, a weather app"]
     fake.queue(Reply(tokens=["Fine."]), Reply(status=500))  # the facts' request fails: the reply does not
     frames = client.turn("I moved to Lisbon last year.")
     assert frames[-1]["status"] == "complete" and not [s for s in steps_of(frames) if s["kind"] == "failed"]
