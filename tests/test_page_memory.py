@@ -13,7 +13,6 @@ from tests.conftest import AppProcess
 from tests.fake_openai import Reply
 from tests.test_memory import FACTS, METRIC
 from tests.test_page_welcome import AXE
-from tests.test_protocol import wait_for
 
 pytestmark = pytest.mark.browser
 
@@ -39,7 +38,7 @@ def test_a_remembered_fact_is_forgotten_from_the_reply_and_the_memory_dialog_man
     metric = reply.locator(".step.shaped", has_text="Remembered: Prefers metric units")
     metric.get_by_role("button", name="Forget").click()
     expect(metric.get_by_role("button", name="Forget")).to_have_class(re.compile("pressed"))
-    wait_for(lambda: len(app.get("/api/memory")["facts"]) == 1)  # on_press runs once the press is told
+    assert len(app.get("/api/memory")["facts"]) == 1  # told pressed once on_press is done
 
     page.locator("#menu-button").click()
     page.locator("#memory-button").click()
